@@ -1,0 +1,63 @@
+"""Differential privacy for what crosses party boundaries.
+
+- :mod:`protocols.dp.accounting`: events, composition, ``get_epsilon(delta)``, noise calibration (Opacus RDP/PRV, exact GDP).
+- :mod:`protocols.dp.rng`: the AES-256-CTR noise source (secure, or seeded for ``--dp-reproducible``).
+- :mod:`protocols.dp.mechanisms`: per-sample joint clipping and the label-sensitivity reductions.
+- :mod:`protocols.dp.label_dp`: the label-DP gradient mechanism (privatised backward of the label party).
+- :mod:`protocols.dp.rr`: randomized response (K classes, with a prior).
+- :mod:`protocols.dp.feature_dp`: feature DP (clipped, noised embedding rows + DP-SGD bottom model).
+- :mod:`protocols.dp.config`: option validation and the calibrated plan; :mod:`protocols.dp.statement`: the text.
+"""
+
+from __future__ import annotations
+
+from protocols.dp.accounting import (
+    ACCOUNTANTS,
+    ComposedEvent,
+    GaussianEvent,
+    PureDPEvent,
+    SampledGaussianEvent,
+    calibrate_noise_multiplier,
+    compose,
+    epsilon_of,
+    make_accountant,
+)
+from protocols.dp.config import DPConfig, DPPlan, default_delta, plan_dp
+from protocols.dp.feature_dp import FeatureDP
+from protocols.dp.label_dp import LabelDPBackward, LabelDPStep
+from protocols.dp.mechanisms import clip_jointly, joint_norms
+from protocols.dp.rng import NoiseSource, SecureNoise, SeededNoise, make_noise_source
+from protocols.dp.rr import randomized_response, rr_keep_probability, rr_transition_matrix, rr_with_prior
+from protocols.dp.statement import privacy_markdown, privacy_statement, privacy_summary
+
+__all__ = [
+    "ACCOUNTANTS",
+    "ComposedEvent",
+    "GaussianEvent",
+    "PureDPEvent",
+    "SampledGaussianEvent",
+    "calibrate_noise_multiplier",
+    "compose",
+    "epsilon_of",
+    "make_accountant",
+    "DPConfig",
+    "DPPlan",
+    "default_delta",
+    "plan_dp",
+    "FeatureDP",
+    "LabelDPBackward",
+    "LabelDPStep",
+    "clip_jointly",
+    "joint_norms",
+    "NoiseSource",
+    "SecureNoise",
+    "SeededNoise",
+    "make_noise_source",
+    "randomized_response",
+    "rr_keep_probability",
+    "rr_transition_matrix",
+    "rr_with_prior",
+    "privacy_markdown",
+    "privacy_statement",
+    "privacy_summary",
+]

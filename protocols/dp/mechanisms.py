@@ -1,0 +1,160 @@
+"""Per-sample joint clipping and the label-sensitivity reductions of the gradient mechanism.
+
+Everything here works on *parts*: a list of tensors whose first dimension is the sample index (the cut-layer
+gradient row of every feature party, each head parameter's per-sample gradient, ...). A sample's *joint vector* is
+the concatenation of its slices of all parts; clipping and sensitivity always refer to that joint vector, because
+the released row and the head update are released together, and the row slices of different feature parties are
+one row to colluding feature parties.
+
+Three ways to turn per-sample quantities into a release with a known L2 sensitivity under the neighbouring relation
+"one sample's label replaced by another" (:data:`LABEL_NEIGHBOURING`):
+
+``gradient``  (any loss) clip the per-sample loss gradient to norm ``C``. A label change can move it from one point
+              of the ``C``-ball to any other: sensitivity ``2C``.
+``bce``       (binary cross-entropy on one logit ``z``) the per-sample gradient is ``(sigmoid(z) - y) * J`` with ``J``
+              the Jacobian of ``z``, which does not depend on the label. Clip ``J`` to ``C`` and release
+              ``(sigmoid(z) - y) * clip(J)``: a label change moves it by ``+-clip(J)``, sensitivity ``C`` (half).
+``softmax``   (softmax cross-entropy over ``K`` logits) the gradient is ``sum_k (p_k - [k = y]) J_k``. Because the
+              coefficients sum to zero, any label-independent ``c`` can be subtracted from every ``J_k``; take the mean
+              row, clip each centred row ``J_k - c`` to ``C / 2`` and release ``sum_k (p_k - [k = y]) clip(J_k - c)``.
+              A label change ``y -> y'`` moves it by ``clip(J_y - c) - clip(J_y' - c)``: sensitivity ``C``. For
+              ``K = 2`` this is exactly the ``bce`` reduction applied to ``J_1 - J_0``. The released vector's norm is
+              at most ``C (1 - p_y) <= C``.
+
+Clipping shrinks to ``C * (1 - CLIP_MARGIN)`` in float64 so that the float32 result provably has norm <= ``C``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from secvfl.errors import ConfigError
+
+__all__ = [
+    "CLIP_MARGIN",
+    "LABEL_NEIGHBOURING",
+    "FEATURE_NEIGHBOURING",
+    "CLIP_MODES",
+    "joint_norms",
+    "clip_jointly",
+    "Release",
+    "clip_loss_gradients",
+    "bce_jacobian_release",
+    "softmax_jacobian_release",
+    "sensitivity_factor",
+]
+
+CLIP_MARGIN = 1e-6
+LABEL_NEIGHBOURING = "replace-one-label: two training sets are neighbours if they differ in the label of one sample"
+FEATURE_NEIGHBOURING = (
+    "replace-one-row: two training sets are neighbours if they differ in one sample's feature row held by the "
+    "protected party"
+)
+CLIP_MODES = ("gradient", "bce", "softmax")
+
+
+def sensitivity_factor(mode: str) -> float:
+    """Joint L2 sensitivity of a release in units of the clip norm ``C`` (label replaced)."""
+    if mode == "gradient":
+        return 2.0
+    if mode in ("bce", "softmax"):
+        return 1.0
+    raise ConfigError(f"unknown clipping mode {mode!r}; valid: {', '.join(CLIP_MODES)}")
+
+
+def _flat(parts: Sequence[torch.Tensor], leading: int) -> list[torch.Tensor]:
+    if not parts:
+        raise ConfigError("joint clipping needs at least one part")
+    shape = parts[0].shape[:leading]
+    for p in parts:
+        if p.shape[:leading] != shape:
+            raise ConfigError(f"parts disagree on their leading (per-sample) dimensions: {p.shape} vs {shape}")
+    return [p.detach().reshape(*shape, -1).to(torch.float64) for p in parts]
+
+
+def joint_norms(parts: Sequence[torch.Tensor], leading: int = 1) -> torch.Tensor:
+    """L2 norm of each sample's joint vector (float64), shape = the parts' first ``leading`` dimensions."""
+    flat = _flat(parts, leading)
+    return torch.sqrt(sum((f * f).sum(-1) for f in flat))
+
+
+def clip_jointly(
+    parts: Sequence[torch.Tensor], max_norm: float, leading: int = 1
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Scale each sample's joint vector to norm <= ``max_norm``; returns (clipped parts in float64, original norms)."""
+    if not max_norm > 0:
+        raise ConfigError(f"clip norm must be > 0, got {max_norm}")
+    flat = _flat(parts, leading)
+    norms = torch.sqrt(sum((f * f).sum(-1) for f in flat))
+    target = max_norm * (1.0 - CLIP_MARGIN)
+    factor = torch.where(norms > target, target / norms.clamp_min(1e-300), torch.ones_like(norms))
+    clipped = [
+        (f * factor.unsqueeze(-1)).reshape(p.shape) for f, p in zip(flat, parts, strict=True)
+    ]
+    return clipped, norms
+
+
+@dataclass
+class Release:
+    """Per-sample vectors ready for noise: ``parts`` (float64, leading dim = sample) with joint L2 ``sensitivity``."""
+
+    parts: list[torch.Tensor]
+    sensitivity: float
+    clip_norm: float
+    mode: str
+    clipped_fraction: float  # share of samples whose (centred) vectors were shrunk
+
+
+def clip_loss_gradients(grads: Sequence[torch.Tensor], clip_norm: float) -> Release:
+    """``gradient`` mode: clip per-sample loss gradients jointly to ``clip_norm``; sensitivity ``2 * clip_norm``."""
+    clipped, norms = clip_jointly(grads, clip_norm)
+    frac = float((norms > clip_norm * (1 - CLIP_MARGIN)).double().mean()) if norms.numel() else 0.0
+    return Release(clipped, 2.0 * clip_norm, clip_norm, "gradient", frac)
+
+
+def bce_jacobian_release(
+    logit_jacobians: Sequence[torch.Tensor], logits: torch.Tensor, labels: torch.Tensor, clip_norm: float
+) -> Release:
+    """``bce`` mode. ``logit_jacobians``: parts of shape (B, ...) = d z_i / d (row, head params) per sample i;
+    ``logits``: (B,) or (B, 1); ``labels``: (B,) in {0, 1}. Sensitivity ``clip_norm``."""
+    z = logits.detach().reshape(-1).to(torch.float64)
+    y = labels.detach().reshape(-1).to(torch.float64)
+    if z.shape[0] != logit_jacobians[0].shape[0] or y.shape != z.shape:
+        raise ConfigError(f"bce release: {z.shape[0]} logits, {y.shape[0]} labels, {logit_jacobians[0].shape[0]} rows")
+    if not torch.all((y == 0) | (y == 1)):
+        raise ConfigError("the bce clipping mode needs binary labels in {0, 1}")
+    clipped, norms = clip_jointly(logit_jacobians, clip_norm)
+    residual = torch.sigmoid(z) - y  # d BCE / d z, in (-1, 1)
+    parts = [c * residual.reshape(-1, *([1] * (c.dim() - 1))) for c in clipped]
+    frac = float((norms > clip_norm * (1 - CLIP_MARGIN)).double().mean()) if norms.numel() else 0.0
+    return Release(parts, clip_norm, clip_norm, "bce", frac)
+
+
+def softmax_jacobian_release(
+    logit_jacobians: Sequence[torch.Tensor], logits: torch.Tensor, labels: torch.Tensor, clip_norm: float
+) -> Release:
+    """``softmax`` mode. ``logit_jacobians``: parts of shape (B, K, ...) = d z_ik / d (row, head params);
+    ``logits``: (B, K); ``labels``: (B,) in [0, K). Sensitivity ``clip_norm``."""
+    z = logits.detach().to(torch.float64)
+    if z.dim() != 2:
+        raise ConfigError(f"softmax release needs (batch, classes) logits, got shape {tuple(z.shape)}")
+    b, k = z.shape
+    y = labels.detach().reshape(-1).long()
+    if y.shape[0] != b or int(y.min()) < 0 or int(y.max()) >= k:
+        raise ConfigError(f"softmax release: labels must be {b} class indices in [0, {k})")
+    for j in logit_jacobians:
+        if j.shape[:2] != (b, k):
+            raise ConfigError(f"softmax release: Jacobian part of shape {tuple(j.shape)} is not (batch={b}, K={k}, ...)")
+    flat = [j.detach().to(torch.float64).reshape(b, k, -1) for j in logit_jacobians]
+    centred = [f - f.mean(dim=1, keepdim=True) for f in flat]  # label-independent shift; see module docstring
+    clipped, norms = clip_jointly(centred, clip_norm / 2.0, leading=2)
+    coeff = torch.softmax(z, dim=1) - torch.nn.functional.one_hot(y, k).to(torch.float64)  # (B, K)
+    parts = [
+        torch.einsum("bk,bkd->bd", coeff, c).reshape(b, *j.shape[2:])
+        for c, j in zip(clipped, logit_jacobians, strict=True)
+    ]
+    frac = float((norms > clip_norm / 2 * (1 - CLIP_MARGIN)).any(dim=1).double().mean()) if norms.numel() else 0.0
+    return Release(parts, clip_norm, clip_norm, "softmax", frac)

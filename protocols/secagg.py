@@ -1,0 +1,423 @@
+"""Masked secure aggregation (``--secagg mask``): the receiver learns the exact sum of the feature parties' tensors
+and nothing else about any single party's tensor.
+
+Protocol (pairwise additive masking, after Bonawitz et al. 2017, without the secret-sharing recovery round)::
+
+    key agreement, once per pair of parties      every party sends an X25519 public key to every other party
+                                                 (``secagg-key`` messages, counted by the transport); each pair
+                                                 derives a 32-byte pair seed with HKDF-SHA256
+    per round r (one call of ``aggregate``)      party i sends  y_i = enc(x_i) + sum_{j>i} PRG(s_ij, r)
+                                                                              - sum_{j<i} PRG(s_ij, r)   (mod 2^64)
+                                                 (``masked`` messages: int64 tensors)
+    aggregator (or the receiver itself)          sum_i y_i = sum_i enc(x_i)   (mod 2^64): the masks cancel exactly
+    receiver                                     decodes the sum (and divides by the count for a mean)
+
+``enc`` is signed fixed point with ``frac_bits`` fractional bits in the ring Z / 2^64: ``enc(x) = round(x * 2^f)``.
+With ``n`` parties every value must satisfy ``|x| <= 2^(62 - f) / n``; then the true sum of the encodings lies in
+``(-2^62, 2^62)`` and its two's-complement reading is exact (the factor 2 is margin for rounding). With the default
+``f = 24`` and 4 parties the limit is 2^36 / 4, about 1.7e10. Values beyond it (or NaN/inf) are refused with a
+:class:`~secvfl.errors.ProtocolError` before anything is sent. The decoded sum differs from the float sum by at most
+``n * 2^-(f+1)`` per element (rounding of each encoding) plus the final cast to the input dtype.
+
+PRG: AES-256-CTR keyed with the pair seed, counter block ``r (8 bytes) || 0 (8 bytes)``, so every round's masks are
+fresh and keystreams of different rounds never overlap. Round numbers are handed out by the aggregation and never
+reused, also after a failed round; each party additionally refuses a round number that is not larger than the last
+one it masked (mask reuse would leak the difference of two inputs).
+
+Threat model: semi-honest (honest-but-curious) parties and aggregator, no collusion between the aggregator (or the
+receiver) and a feature party. Each masked vector alone is uniformly distributed in Z / 2^64 whatever the input
+(AES-CTR is a PRF; each party has at least one peer). A coalition of the receiver with all but one party learns the
+remaining party's input from the sum -- that is what a sum reveals. The public keys are not authenticated by this
+module: run it under :class:`protocols.channel.SecureChannelLayer` (which seals ``secagg-key`` messages with pinned
+identity keys) when a relay could substitute them.
+
+Who sees what: with a party of role :attr:`~protocols.base.Role.AGGREGATOR` in the topology, the masked vectors go
+there and only their (still encoded) sum goes to the receiver; otherwise the receiver adds the masked vectors itself.
+Either way no party sees an unmasked tensor of another party.
+
+Dropouts: a party that does not deliver its key or masked vector makes the round fail with
+:class:`PartyDroppedError` naming it. The messages the others delivered are discarded, the round number is burnt,
+nothing reaches the receiver and no key state changes, so the caller retries the round without the dropped party
+(masks are then drawn only between the remaining parties, under a fresh round number). There is no recovery of a
+dropped party's masks (that would need Shamir shares of the pair seeds); a retry is cheaper at VFL's party counts.
+
+Layers: masked vectors travel as messages of kind ``masked`` (and ``masked-sum``), so layers that act on the
+algorithm's float kinds (``embedding``, ``logits``) leave them alone, and an outermost secure channel seals them.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from protocols.base import Aggregation, AlgorithmTraits, Role, Topology
+from secvfl.errors import MessageError, ProtocolError, UnsupportedError
+from secvfl.messages import Message, register_kind
+
+if TYPE_CHECKING:
+    from secvfl.transport.network import Network
+
+__all__ = [
+    "MaskedAggregation",
+    "PartyDroppedError",
+    "FixedPoint",
+    "KEY_KIND",
+    "MASKED_KIND",
+    "SUM_KIND",
+]
+
+KEY_KIND = register_kind("secagg-key")  # party -> party: X25519 public key for the pair seed
+MASKED_KIND = register_kind("masked")  # party -> aggregator/receiver: fixed-point tensor + pairwise masks
+SUM_KIND = register_kind("masked-sum")  # aggregator -> receiver: the sum of the masked tensors (masks cancelled)
+
+_PROTOCOL = b"secvfl-secagg-v1"
+_SUPPORTED_OPS = ("sum", "mean")
+_VALID_AGGREGATIONS = ("sum", "mean", "subset-mean")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# drop_hook(party, phase, round) -> True: the party does not deliver in that phase ("keys" or "masked").
+DropHook = Callable[[str, str, int], bool]
+
+
+class PartyDroppedError(ProtocolError):
+    """A party did not deliver during a masked-aggregation round; retry the round without :attr:`parties`."""
+
+    def __init__(self, message: str, parties: Sequence[str], round_number: int) -> None:
+        super().__init__(message)
+        self.parties = tuple(parties)
+        self.round_number = round_number
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """Signed fixed point in Z / 2^64 with ``frac_bits`` fractional bits."""
+
+    frac_bits: int = 24
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.frac_bits <= 52:
+            raise UnsupportedError(f"frac_bits must be in 0..52 (float64 precision), got {self.frac_bits}")
+
+    @property
+    def scale(self) -> float:
+        return float(2**self.frac_bits)
+
+    def max_abs(self, n_parties: int) -> float:
+        """Largest ``|x|`` a party may contribute so that a sum over ``n_parties`` cannot wrap around."""
+        return 2.0 ** (62 - self.frac_bits) / max(1, n_parties)
+
+    def error_bound(self, n_parties: int) -> float:
+        """Largest absolute difference between the decoded sum and the exact sum (before the output cast)."""
+        return n_parties * 2.0 ** -(self.frac_bits + 1)
+
+    def encode(self, x: torch.Tensor, n_parties: int, what: str) -> np.ndarray:
+        """``round(x * 2^f)`` as uint64 (two's complement); refuses values that could overflow the sum."""
+        v = x.detach().to("cpu", torch.float64).numpy().reshape(-1)
+        if v.size and not np.isfinite(v).all():
+            raise ProtocolError(f"{what} contains NaN or infinite values; masked aggregation needs finite numbers")
+        limit = self.max_abs(n_parties)
+        peak = float(np.abs(v).max()) if v.size else 0.0
+        if peak > limit:
+            raise ProtocolError(
+                f"{what} has a value of magnitude {peak:.4g}, above the fixed-point limit {limit:.4g} for "
+                f"{n_parties} parties with {self.frac_bits} fractional bits (|x| <= 2^(62-f)/n); lower frac_bits "
+                "or scale the values down"
+            )
+        return np.rint(v * self.scale).astype(np.int64).view(np.uint64)
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        """float64 values of a uint64 sum read as two's complement."""
+        return total.view(np.int64).astype(np.float64) / self.scale
+
+
+def _keystream(seed: bytes, round_number: int, n_words: int) -> np.ndarray:
+    """``n_words`` pseudorandom uint64 words from AES-256-CTR(seed) starting at counter block ``round || 0``."""
+    if n_words == 0:
+        return np.zeros(0, dtype=np.uint64)
+    counter_block = struct.pack(">QQ", round_number, 0)
+    enc = Cipher(algorithms.AES(seed), modes.CTR(counter_block)).encryptor()
+    return np.frombuffer(enc.update(bytes(8 * n_words)), dtype=np.uint64)
+
+
+def _pair_info(a: str, b: str, pub_a: bytes, pub_b: bytes) -> bytes:
+    lo, hi = sorted([(a, pub_a), (b, pub_b)])
+    return _PROTOCOL + b"|pair|" + json.dumps([lo[0], hi[0], lo[1].hex(), hi[1].hex()]).encode()
+
+
+class _MaskingParty:
+    """One party's secret masking state: its X25519 key and its pair seeds. Never shown in repr or errors."""
+
+    __slots__ = ("name", "_private", "public", "_seeds", "last_round")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._private = X25519PrivateKey.generate()
+        self.public = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self._seeds: dict[str, bytes] = {}
+        self.last_round = -1
+
+    def __repr__(self) -> str:
+        return f"_MaskingParty({self.name!r}, peers={sorted(self._seeds)})"
+
+    def has_seed(self, peer: str) -> bool:
+        return peer in self._seeds
+
+    def derive_seed(self, peer: str, peer_public: bytes) -> bytes:
+        try:
+            shared = self._private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+        except ValueError:
+            raise ProtocolError(f"{self.name} received an invalid secagg public key from {peer}") from None
+        info = _pair_info(self.name, peer, self.public, peer_public)
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+
+    def commit_seed(self, peer: str, seed: bytes) -> None:
+        self._seeds[peer] = seed
+
+    def mask(self, encoded: np.ndarray, peers: Sequence[str], round_number: int) -> np.ndarray:
+        """Add the pairwise masks (+ towards larger names, - towards smaller ones) to an encoded vector."""
+        if round_number <= self.last_round:
+            raise ProtocolError(
+                f"{self.name} refuses to mask round {round_number}: it already masked round {self.last_round} "
+                "and reusing a round's masks would reveal the difference of two inputs"
+            )
+        out = encoded.copy()
+        for peer in peers:
+            if peer == self.name:
+                continue
+            stream = _keystream(self._seeds[peer], round_number, out.size)
+            if self.name < peer:
+                out += stream
+            else:
+                out -= stream
+        self.last_round = round_number
+        return out
+
+
+@dataclass
+class MaskedAggregation(Aggregation):
+    """Sum or mean of the parties' tensors through pairwise additive masks (see the module docstring).
+
+    ``drop_hook(party, phase, round)`` models a party that stops responding: returning True makes ``party`` not
+    deliver in that phase (``"keys"`` or ``"masked"``) of that round. Used in tests and fault-injection runs.
+    """
+
+    name: ClassVar[str] = "mask"
+    frac_bits: int = 24
+    drop_hook: DropHook | None = field(default=None, repr=False)
+    topology: Topology | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.codec = FixedPoint(self.frac_bits)
+        self._parties: dict[str, _MaskingParty] = {}
+        self._next_round = 0
+        self.rounds_completed = 0
+        self.rounds_failed = 0
+
+    # -- contract ------------------------------------------------------------------------------------------
+    def check(self, traits: AlgorithmTraits) -> list[str]:
+        if traits.aggregation not in _VALID_AGGREGATIONS:
+            return [
+                f"masked aggregation only delivers sums or means of the parties' outputs, but {traits.name!r} "
+                f"aggregates by {traits.aggregation!r}; use an algorithm that sums or averages (e.g. vafl, fdml) "
+                "or drop --secagg"
+            ]
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "aggregation": self.name,
+            "ring": "Z/2^64",
+            "frac_bits": self.frac_bits,
+            "max_abs_per_party": "2^(62-frac_bits)/n_parties",
+            "error_bound_per_element": "n_parties * 2^-(frac_bits+1)",
+            "prg": "AES-256-CTR",
+            "key_agreement": "X25519 + HKDF-SHA256",
+            "rounds_completed": self.rounds_completed,
+            "rounds_failed": self.rounds_failed,
+        }
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _state(self, party: str) -> _MaskingParty:
+        if party not in self._parties:
+            self._parties[party] = _MaskingParty(party)
+        return self._parties[party]
+
+    def _drops(self, party: str, phase: str, round_number: int) -> bool:
+        return self.drop_hook is not None and bool(self.drop_hook(party, phase, round_number))
+
+    def _route(self, net: Network, receiver: str) -> str:
+        aggregators = net.topology.parties(Role.AGGREGATOR)
+        if len(aggregators) > 1:
+            raise UnsupportedError(f"masked aggregation uses one aggregator, the topology has {aggregators}")
+        return aggregators[0] if aggregators else receiver
+
+    @staticmethod
+    def _take(net: Network, receiver: str, kind: str, sender: str) -> Message | None:
+        """The next matching message, or None when the sender delivered nothing readable (a dropped party)."""
+        try:
+            return net.receive(receiver, kind=kind, sender=sender)
+        except MessageError:  # nothing waiting from this sender, or bytes that are not a message
+            return None
+
+    def _agree_keys(self, net: Network, senders: list[str], round_number: int) -> None:
+        """Give every pair of ``senders`` a seed; all-or-nothing (a drop leaves no new seed behind)."""
+        missing = sorted(
+            {a for a in senders for b in senders if a != b and not self._state(a).has_seed(b)}
+        )
+        if not missing:
+            return
+        needs = {a: [b for b in senders if b != a and not self._state(a).has_seed(b)] for a in missing}
+        for a in missing:  # a sends its public key to every peer it still lacks a seed with
+            if self._drops(a, "keys", round_number):
+                continue
+            for b in needs[a]:
+                net.send(Message(KEY_KIND, a, b, 0, blobs={"public_key": self._state(a).public},
+                                 meta={"protocol": _PROTOCOL.decode()}))
+        pending: dict[tuple[str, str], bytes] = {}
+        absent: set[str] = set()
+        for a in missing:
+            for b in needs[a]:
+                msg = self._take(net, b, KEY_KIND, a)
+                if msg is None:
+                    absent.add(a)
+                    continue
+                pending[(b, a)] = self._state(b).derive_seed(a, bytes(msg.blobs.get("public_key", b"")))
+        if absent:
+            self.rounds_failed += 1
+            raise PartyDroppedError(
+                f"masked aggregation round {round_number} failed: {', '.join(sorted(absent))} did not deliver "
+                "a key; nothing was aggregated, retry without the dropped party",
+                sorted(absent), round_number,
+            )
+        for (owner, peer), seed in pending.items():
+            self._state(owner).commit_seed(peer, seed)
+
+    # -- the round -----------------------------------------------------------------------------------------
+    def aggregate(self, net: Network, messages: Sequence[Message], receiver: str, op: str) -> Message:
+        if op not in _SUPPORTED_OPS:
+            raise UnsupportedError(f"aggregation op must be 'sum' or 'mean', got {op!r}")
+        messages = list(messages)
+        senders = [m.sender for m in messages]
+        if len(messages) < 2:
+            raise UnsupportedError(
+                f"masked aggregation needs at least 2 parties (got {senders}): one party's sum is its own tensor"
+            )
+        if len(set(senders)) != len(senders):
+            raise ProtocolError(f"masked aggregation got two messages from one party: {senders}")
+        first = messages[0]
+        layout = [(name, tuple(t.shape), t.dtype) for name, t in first.tensors.items()]
+        for m in messages:
+            if m.kind != first.kind:
+                raise ProtocolError(f"masked aggregation mixes message kinds {first.kind!r} and {m.kind!r}")
+            got = [(name, tuple(t.shape), t.dtype) for name, t in m.tensors.items()]
+            if got != layout:
+                raise ProtocolError(
+                    f"{m.sender}'s {m.kind} tensors {got} do not match {first.sender}'s {layout}; "
+                    "every party must send the same names, shapes and dtypes"
+                )
+        for name, _, dtype in layout:
+            if dtype not in _FLOAT_DTYPES:
+                raise ProtocolError(f"masked aggregation adds floating-point tensors; {name!r} is {dtype}")
+        route = self._route(net, receiver)
+        if route in senders or receiver in senders:
+            raise ProtocolError(f"the aggregator {route!r} / receiver {receiver!r} cannot also be a contributor")
+        n = len(messages)
+        # Every party encodes first, so a value out of range is refused before anything is sent.
+        encoded = [
+            np.concatenate([self.codec.encode(t, n, f"{m.sender}'s tensor {name!r}") for name, t in m.tensors.items()])
+            if layout else np.zeros(0, dtype=np.uint64)
+            for m in messages
+        ]
+
+        round_number = self._next_round
+        self._next_round += 1  # burnt even if the round fails: masks are never reused
+        self._agree_keys(net, senders, round_number)
+
+        meta = {"round": round_number, "frac_bits": self.frac_bits, "parties": sorted(senders), "of": first.kind}
+        for m, enc in zip(messages, encoded, strict=True):  # each party masks on its own
+            masked = self._state(m.sender).mask(enc, senders, round_number)
+            if self._drops(m.sender, "masked", round_number):
+                continue
+            net.send(Message(MASKED_KIND, m.sender, route, m.step, _split(masked, layout), meta=meta))
+
+        received: list[Message] = []
+        absent = []
+        for s in senders:  # the aggregator collects; stale messages of earlier rounds are discarded
+            while True:
+                got = self._take(net, route, MASKED_KIND, s)
+                if got is None or got.meta.get("round") == round_number:
+                    break
+            if got is None:
+                absent.append(s)
+            else:
+                received.append(got)
+        if absent:
+            self.rounds_failed += 1
+            raise PartyDroppedError(
+                f"masked aggregation round {round_number} failed: {', '.join(absent)} did not deliver a masked "
+                f"tensor; the {len(received)} delivered tensor(s) were discarded and nothing reached {receiver}; "
+                "retry without the dropped party",
+                absent, round_number,
+            )
+        for got in received:
+            if got.meta.get("parties") != meta["parties"]:
+                raise ProtocolError(f"{got.sender} masked for parties {got.meta.get('parties')}, not {senders}")
+        total = _wire_sum(received, layout)
+        wire = sum(g.wire_size or 0 for g in received)
+        if route != receiver:
+            net.send(Message(SUM_KIND, route, receiver, first.step, _split(total, layout),
+                             meta={"round": round_number, "frac_bits": self.frac_bits, "parties": n}))
+            summed = net.receive(receiver, kind=SUM_KIND, sender=route)
+            wire = summed.wire_size or 0
+            total = _wire_sum([summed], layout)
+        values = self.codec.decode(total)
+        if op == "mean":
+            values = values / n
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, shape, dtype in layout:
+            size = int(np.prod(shape, dtype=np.int64))
+            out[name] = torch.from_numpy(values[offset : offset + size].reshape(shape)).to(dtype)
+            offset += size
+        self.rounds_completed += 1
+        return Message(first.kind, "aggregate", receiver, first.step, out, {},
+                       {"op": op, "parties": n, "aggregation": self.name, "round": round_number}, wire_size=wire)
+
+
+def _split(words: np.ndarray, layout: list[tuple[str, tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+    """Cut one uint64 vector into int64 tensors with the message's names and shapes."""
+    out: dict[str, torch.Tensor] = {}
+    offset = 0
+    signed = words.view(np.int64)
+    for name, shape, _ in layout:
+        size = int(np.prod(shape, dtype=np.int64))
+        out[name] = torch.from_numpy(signed[offset : offset + size].copy()).reshape(shape)
+        offset += size
+    return out
+
+
+def _wire_sum(received: Sequence[Message], layout: list[tuple[str, tuple[int, ...], torch.dtype]]) -> np.ndarray:
+    """Sum mod 2^64 of the int64 tensors of ``received`` as one flat uint64 vector."""
+    total: np.ndarray | None = None
+    for m in received:
+        parts = []
+        for name, shape, _ in layout:
+            t = m.tensor(name)
+            if t.dtype != torch.int64 or tuple(t.shape) != shape:
+                raise ProtocolError(f"{m.kind} message from {m.sender}: tensor {name!r} is not int64 of shape {shape}")
+            parts.append(t.numpy().reshape(-1).view(np.uint64))
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+        total = flat.copy() if total is None else total + flat  # uint64 addition wraps: arithmetic mod 2^64
+    assert total is not None
+    return total

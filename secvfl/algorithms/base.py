@@ -1,0 +1,96 @@
+"""The trainer interface every algorithm implements, and the context it is built from."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from protocols.base import AlgorithmTraits, Role
+from secvfl.config import TrainConfig
+from secvfl.data import Dataset, Partition
+from secvfl.transport.network import Network
+
+__all__ = ["Algorithm", "RunContext", "batch_ids", "ProgressFn", "LABEL_PARTY", "feature_party_names"]
+
+LABEL_PARTY = "label"
+SPLITS = ("train", "val", "test")
+ProgressFn = Callable[[float], None]
+
+
+def feature_party_names(k: int) -> list[str]:
+    return [f"party{i}" for i in range(k)]
+
+
+@dataclass
+class RunContext:
+    """Everything an algorithm needs to build its parties. ``masks[split]`` is (n, K): which blocks are observed."""
+
+    config: TrainConfig
+    data: Dataset
+    partition: Partition
+    masks: dict[str, np.ndarray]
+    device: torch.device
+    dtype: torch.dtype
+
+    def rows(self, split: str) -> int:
+        return int(len(getattr(self.data, f"y_{split}")))
+
+
+def batch_ids(n_or_ids: int | np.ndarray, batch_size: int, seed: int, epoch: int) -> Iterator[np.ndarray]:
+    """Mini-batches of row ids from a seed every party shares (so no party has to send ids)."""
+    ids = np.arange(n_or_ids) if isinstance(n_or_ids, int) else np.asarray(n_or_ids)
+    order = ids[np.random.default_rng([seed, epoch]).permutation(len(ids))]
+    for start in range(0, len(order), batch_size):
+        yield order[start : start + batch_size]
+
+
+class Algorithm(ABC):
+    """A VFL training algorithm: builds its parties, trains an epoch, evaluates.
+
+    Algorithms move data between parties only through ``self.net`` (send/receive/aggregate), so every protocol
+    layer applies to them. Subclasses declare ``traits`` so layers can check they are valid for the algorithm.
+    """
+
+    name: ClassVar[str]
+    traits: ClassVar[AlgorithmTraits]
+
+    def __init__(self, ctx: RunContext, net: Network) -> None:
+        self.ctx = ctx
+        self.net = net
+        self.cfg = ctx.config
+        self.step = 0
+
+    @classmethod
+    def party_roles(cls, k: int) -> dict[str, Role]:
+        roles = {p: Role.FEATURE for p in feature_party_names(k)}
+        roles[LABEL_PARTY] = Role.LABEL
+        return roles
+
+    @abstractmethod
+    def train_epoch(self, epoch: int, progress: ProgressFn | None = None) -> dict[str, float]:
+        """One pass over the training rows; returns at least ``{"loss": mean batch loss}``."""
+
+    @abstractmethod
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Metrics on ``split`` ("val" or "test"), computed by the party that owns the labels."""
+
+    def batches_per_epoch(self) -> int:
+        n = self.ctx.rows("train")
+        return -(-n // self.cfg.batch_size)
+
+    @abstractmethod
+    def parties(self) -> dict[str, object]:
+        """Party name -> party object (for checkpoints; each party's state is saved separately)."""
+
+    def state_dict(self) -> dict[str, dict]:
+        return {"step": self.step, "parties": {n: p.state_dict() for n, p in self.parties().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        for n, p in self.parties().items():
+            p.load_state_dict(state["parties"][n])

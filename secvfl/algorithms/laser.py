@@ -1,0 +1,262 @@
+"""LASER-VFL (Valdeira, Wang, Chi: "Vertical Federated Learning with Missing Features During Training and
+Inference"): one representation model and one fusion head per party, shared by all subsets of parties, trained by
+task sampling, so that any set of observed parties can predict.
+
+Party ``k`` holds its feature block, ``f_k``, ``g_k`` and the labels. Its predictor for an observed set ``J``
+containing ``k`` is ``h_(k,J)(x_J) = g_k(mean_{i in J} f_i(x_i))`` (see :mod:`secvfl.algorithms.subsets` for the
+objective and why the task-sampling weights make it unbiased).
+
+One training step on a batch whose samples share the observed set ``K_o`` (``n = |K_o|``)::
+
+    every k in K_o:  r_k = f_k(x_k)                      computed once
+                     --embedding r_k--> every other i in K_o          n(n-1) messages
+    every k in K_o:  draw S_k1..S_kn (one subset per size, containing k)
+                     L_k = sum_j a_j * loss(g_k(mean_{i in S_kj} r_i), y)   one head call on all n subset means
+                     backward -> dL_k/dg_k and dL_k/dr_i for every i in K_o
+                     --gradient dL_k/dr_i--> every other i in K_o          n(n-1) messages
+    every k in K_o:  backprop (dL_k/dr_k + sum_i dL_i/dr_k) through f_k; optimiser step on f_k and g_k
+
+Inference on rows with observed set ``K_o'``: each observed party broadcasts ``f_k(x_k)`` and predicts with
+``h_(k,K_o')``. A party that has left never appears in ``K_o'``; the others predict without it.
+
+Threat model: honest-but-curious parties. Each observed party sees the other observed parties' representations
+of the batch and the gradients the others compute w.r.t. its own representation (as in split learning with
+every party acting as a label party); nothing else. Protection of these messages is the protocol layers' job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from protocols.base import AlgorithmTraits
+from secvfl.algorithms.missing_base import (
+    SPLITS,
+    MissingAlgorithm,
+    fusion_head,
+    make_optimizer_fast,
+    representation_model,
+)
+from secvfl.algorithms.subsets import Subset, TaskTable, averaging_matrix, per_sample_loss, weighted_task_loss
+from secvfl.data.pattern_sampler import PatternBatch
+from secvfl.errors import ConfigError, PartyIsolationError
+from secvfl.messages import Message
+from secvfl.parties import probabilities, require_wire
+from secvfl.transport.network import Network
+
+__all__ = ["LaserParty", "LaserVFL"]
+
+_TASK_SALT = 0x1A5E4  # party k's private task-sampling stream: default_rng([seed, _TASK_SALT, k])
+
+
+class LaserParty:
+    """Party ``index``: its feature block, labels, ``f_k``, ``g_k`` and one optimiser over both."""
+
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        blocks: dict[str, np.ndarray],
+        labels: dict[str, np.ndarray],
+        representation: nn.Module,
+        head: nn.Module,
+        n_classes: int,
+        optimizer_spec: tuple[str, float, float],
+        *,
+        seed: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.name, self.index, self.device, self.dtype = name, int(index), device, dtype
+        self._x = {s: torch.as_tensor(b, dtype=dtype, device=device) for s, b in blocks.items()}
+        self._y = {s: torch.as_tensor(v, dtype=torch.long, device=device) for s, v in labels.items()}
+        self.f = representation.to(device=device, dtype=dtype)
+        self.g = head.to(device=device, dtype=dtype)
+        opt_name, lr, wd = optimizer_spec
+        self.optimizer = make_optimizer_fast([*self.f.parameters(), *self.g.parameters()], opt_name, lr, wd)
+        self.n_classes = n_classes
+        self.loss_fn = per_sample_loss(n_classes)
+        self._rng = np.random.default_rng([int(seed), _TASK_SALT, self.index])
+        self._rep: torch.Tensor | None = None  # f_k(x) of the current training batch, with its graph
+        self._own_grad: torch.Tensor | None = None
+        self._peers: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:  # never print data or models
+        return f"LaserParty({self.name!r})"
+
+    def rows(self, split: str) -> int:
+        return int(self._x[split].shape[0])
+
+    # -- training step ----------------------------------------------------------------------------------------
+    def represent(self, step: int, split: str, ids: np.ndarray, peers: Sequence[str], *, train: bool) -> list[Message]:
+        """``f_k`` on rows ``ids``: one embedding message per peer (the other observed parties)."""
+        x = self._x[split][torch.as_tensor(ids, device=self.device)]
+        self.f.train(train)
+        if train:
+            out = self.f(x)
+            self._rep, self._own_grad, self._peers = out, None, tuple(peers)
+        else:
+            with torch.no_grad():
+                out = self.f(x)
+            self._eval_rep = out
+        t = out.detach()
+        return [Message("embedding", self.name, p, step, {"embedding": t}) for p in peers]
+
+    def _stack(self, own: torch.Tensor, observed: Sequence[int], names: Sequence[str],
+               received: dict[str, Message]) -> torch.Tensor:
+        parts = []
+        for k, name in zip(observed, names, strict=True):
+            if k == self.index:
+                parts.append(own)
+                continue
+            t = require_wire(received[name]).tensor("embedding").to(device=self.device, dtype=self.dtype)
+            if t.shape != own.shape:
+                raise PartyIsolationError(f"{self.name}: embedding of shape {tuple(t.shape)} from {name}, "
+                                          f"expected {tuple(own.shape)}")
+            parts.append(t)
+        return torch.stack(parts)
+
+    def train_heads(
+        self, step: int, ids: np.ndarray, observed: Sequence[int], names: Sequence[str], received: dict[str, Message]
+    ) -> tuple[float, list[Message]]:
+        """Sampled-task loss of ``g_k`` on the batch; returns the loss and a gradient message per peer."""
+        if self._rep is None:
+            raise PartyIsolationError(f"{self.name} was asked to train its head without a representation step")
+        reps = self._stack(self._rep.detach(), observed, names, received).requires_grad_(True)
+        table = TaskTable.of(self.index, tuple(observed))
+        _, matrix = table.draw(self._rng)
+        y = self._y["train"][torch.as_tensor(ids, device=self.device)]
+        self.g.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, _ = weighted_task_loss(self.g, reps, matrix.to(device=self.device, dtype=self.dtype),
+                                     table.weights.to(device=self.device), y, self.loss_fn)
+        loss.backward()
+        grads = reps.grad
+        out = []
+        for i, (k, name) in enumerate(zip(observed, names, strict=True)):
+            if k == self.index:
+                self._own_grad = grads[i]
+            else:
+                out.append(Message("gradient", self.name, name, step, {"gradient": grads[i]}))
+        return float(loss.detach()), out
+
+    def apply_gradients(self, received: Sequence[Message]) -> None:
+        """Sum the peers' gradients w.r.t. ``f_k``'s output with its own, backprop, and step ``f_k`` and ``g_k``."""
+        if self._rep is None or self._own_grad is None:
+            raise PartyIsolationError(f"{self.name} received gradients without a pending training step")
+        total = self._own_grad.clone()
+        senders = set()
+        for m in received:
+            g = require_wire(m).tensor("gradient").to(device=self.device, dtype=self.dtype)
+            if g.shape != total.shape:
+                raise PartyIsolationError(f"{self.name}: gradient of shape {tuple(g.shape)} from {m.sender}, "
+                                          f"expected {tuple(total.shape)}")
+            total += g
+            senders.add(m.sender)
+        if senders != set(self._peers):
+            raise PartyIsolationError(f"{self.name} expected gradients from {sorted(self._peers)}, got {sorted(senders)}")
+        self._rep.backward(total)
+        self.optimizer.step()
+        self._rep = self._own_grad = None
+
+    # -- inference --------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(self, observed: Sequence[int], names: Sequence[str], received: dict[str, Message]) -> torch.Tensor:
+        """Class probabilities of ``h_(k, observed)`` for the rows of the last :meth:`represent` (train=False)."""
+        reps = self._stack(self._eval_rep, observed, names, received)
+        self.g.eval()
+        return probabilities(self.g(reps.mean(dim=0)), self.n_classes)
+
+    @torch.no_grad()
+    def predictor_logits(self, subset: Subset, reps_by_party: dict[int, torch.Tensor]) -> torch.Tensor:
+        """``g_k(mean_{i in subset} r_i)`` for given representations (used by tests and analysis)."""
+        if self.index not in subset:
+            raise ConfigError(f"party {self.index} has no predictor for {subset}: the set must contain it")
+        matrix = averaging_matrix([subset], list(reps_by_party), dtype=self.dtype)
+        stacked = torch.stack(list(reps_by_party.values()))
+        self.g.eval()
+        return self.g((matrix @ stacked.reshape(len(reps_by_party), -1)).reshape(stacked.shape[1:]))
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "f": self.f.state_dict(),
+            "g": self.g.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self._rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.f.load_state_dict(state["f"])
+        self.g.load_state_dict(state["g"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._rng.bit_generator.state = state["rng"]
+
+
+class LaserVFL(MissingAlgorithm):
+    """LASER-VFL: trains on every batch with at least one observed party; any observed set can predict."""
+
+    name = "laser"
+    traits = AlgorithmTraits("laser", "subset-mean", forward_kinds=("embedding",), backward_kinds=("gradient",))
+
+    def __init__(self, ctx, net: Network) -> None:  # noqa: ANN001 - RunContext
+        super().__init__(ctx, net)
+        cfg, data, part = ctx.config, ctx.data, ctx.partition
+        self.laser_parties: list[LaserParty] = []
+        for k, name in enumerate(self.names):
+            blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in SPLITS}
+            labels = {s: getattr(data, f"y_{s}") for s in SPLITS}
+            self.laser_parties.append(LaserParty(
+                name, k, blocks, labels, representation_model(ctx, k), fusion_head(ctx, cfg.embedding_dim),
+                data.n_classes, (cfg.optimizer, cfg.lr, cfg.weight_decay), seed=cfg.seed,
+                device=ctx.device, dtype=ctx.dtype,
+            ))
+
+    def parties(self) -> dict[str, object]:
+        return {p.name: p for p in self.laser_parties}
+
+    def _exchange(self, step: int, split: str, ids: np.ndarray, observed: tuple[int, ...], train: bool
+                  ) -> tuple[list[str], list[dict[str, Message]]]:
+        names = [self.names[k] for k in observed]
+        for k, name in zip(observed, names, strict=True):
+            peers = [n for n in names if n != name]
+            msgs = self.laser_parties[k].represent(step, split, ids, peers, train=train)
+            if msgs:
+                self.net.send(*msgs)
+        received = [
+            {o: self.net.receive(name, kind="embedding", sender=o) for o in names if o != name} for name in names
+        ]
+        return names, received
+
+    def train_batch(self, batch: PatternBatch) -> float:
+        observed, ids, step = batch.observed, batch.indices, self.step
+        names, received = self._exchange(step, "train", ids, observed, train=True)
+        losses = []
+        for k, got in zip(observed, received, strict=True):
+            loss, grads = self.laser_parties[k].train_heads(step, ids, observed, names, got)
+            losses.append(loss)
+            if grads:
+                self.net.send(*grads)
+        for k, name in zip(observed, names, strict=True):
+            grads = [self.net.receive(name, kind="gradient", sender=o) for o in names if o != name]
+            self.laser_parties[k].apply_gradients(grads)
+        return float(np.mean(losses))
+
+    def predict_group(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
+        names, received = self._exchange(self.step, split, ids, observed, train=False)
+        return {
+            k: self.laser_parties[k].predict(observed, names, got).argmax(dim=1).cpu().numpy()
+            for k, got in zip(observed, received, strict=True)
+        }
+
+    def predict_proba_parties(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
+        """Class probabilities of each observed party's predictor ``h_(k, observed)`` on rows ``ids``."""
+        names, received = self._exchange(self.step, split, ids, observed, train=False)
+        return {
+            k: self.laser_parties[k].predict(observed, names, got).cpu().numpy()
+            for k, got in zip(observed, received, strict=True)
+        }

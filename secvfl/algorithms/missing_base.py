@@ -1,0 +1,154 @@
+"""Shared machinery of the missing-feature-block algorithms (LASER-VFL and its baselines).
+
+Setting (Valdeira et al.): K parties, party ``k`` holds feature block ``k`` of the samples it observes and the
+labels. After entity alignment every party knows each sample's observation pattern (who holds it), so all parties
+build the same :class:`~secvfl.data.pattern_sampler.PatternBatchSampler` from the public mask and the agreed seed
+and walk through identical batches, each with one observed set ``K_o``, without exchanging indices.
+
+Threat model: honest-but-curious parties. What a party sees of the others is exactly what crosses the network
+(representations and gradients of the batch's observed parties, or predictions for a vote); a party never reads
+another party's data, models or labels. Labels are held by every party (the paper's setting), so no label is sent.
+
+Evaluation: every observed party predicts each test sample (see :mod:`secvfl.algorithms.missing_eval`); the run
+harness, acting as the experimenter who holds the test labels, collects the predictions to score them. This is
+outside the federation and sends nothing between parties.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from protocols.base import Role
+from secvfl.algorithms.base import Algorithm, ProgressFn, RunContext, feature_party_names
+from secvfl.algorithms.missing_eval import evaluate_predictions
+from secvfl.data.pattern_sampler import PatternBatch, PatternBatchSampler, observed_parties, pattern_codes
+from secvfl.errors import ConfigError
+from secvfl.models import MLP, make_bottom, output_dim
+from secvfl.parties import OPTIMIZERS
+from secvfl.transport.network import Network
+
+__all__ = ["MissingAlgorithm", "make_optimizer_fast", "representation_model", "fusion_head", "SPLITS"]
+
+SPLITS = ("train", "val", "test")
+
+
+def make_optimizer_fast(params: list[nn.Parameter], name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """The configured optimiser; Adam/AdamW use the fused kernel (same update, fewer small ops per step)."""
+    try:
+        cls = OPTIMIZERS[name]
+    except KeyError:
+        raise ConfigError(f"unknown optimiser {name!r}; choose one of {', '.join(OPTIMIZERS)}") from None
+    if name in ("adam", "adamw"):
+        try:
+            return cls(params, lr=lr, weight_decay=weight_decay, fused=True)
+        except (RuntimeError, TypeError):  # a device/dtype without a fused kernel
+            pass
+    return cls(params, lr=lr, weight_decay=weight_decay)
+
+
+def representation_model(ctx: RunContext, k: int) -> nn.Module:
+    """``f_k``: the configured bottom model on block ``k``, output width ``--embedding-dim``."""
+    cfg, part = ctx.config, ctx.partition
+    return make_bottom(cfg.bottom, len(part.blocks[k]), cfg.embedding_dim, list(cfg.hidden), part.block_shapes[k])
+
+
+def fusion_head(ctx: RunContext, in_dim: int) -> nn.Module:
+    """``g_k``: an MLP (``--head-hidden``, empty for a linear head) from ``in_dim`` to the logits."""
+    return MLP(in_dim, list(ctx.config.head_hidden), output_dim(ctx.data.n_classes))
+
+
+class MissingAlgorithm(Algorithm):
+    """Base of the algorithms trained on pattern-grouped batches and scored with the paper's metrics."""
+
+    # Which batches an algorithm trains on; None: every batch.
+    min_observed: ClassVar[int] = 1
+
+    def __init__(self, ctx: RunContext, net: Network) -> None:
+        super().__init__(ctx, net)
+        self.K = ctx.partition.n_blocks
+        self.names = feature_party_names(self.K)
+        self.n_classes = ctx.data.n_classes
+        class_balanced = bool(self.cfg.option("class_balanced", False))
+        self.sampler = PatternBatchSampler(
+            ctx.masks["train"], self.cfg.batch_size, seed=self.cfg.seed, labels=ctx.data.y_train,
+            class_balanced=class_balanced,
+        )
+        # The experimenter's copy of the labels, for scoring only (parties hold their own copies).
+        self._labels = {s: np.asarray(getattr(ctx.data, f"y_{s}")) for s in SPLITS}
+
+    @classmethod
+    def party_roles(cls, k: int) -> dict[str, Role]:
+        # Every party holds features, labels and a head: all are label parties. Protocols that assume a single
+        # label party are refused by the topology with a clear message.
+        return {p: Role.LABEL for p in feature_party_names(k)}
+
+    # -- training ---------------------------------------------------------------------------------------------
+    def trains_on(self, observed: tuple[int, ...]) -> bool:
+        """Whether a batch with this observed set is used (Standard VFL: only complete ones; PlugVFL: active)."""
+        return True
+
+    def epoch_batches(self, epoch: int) -> list[PatternBatch]:
+        return [b for b in self.sampler.epoch(epoch) if self.trains_on(b.observed)]
+
+    def batches_per_epoch(self) -> int:
+        return max(1, len(self.epoch_batches(0)))
+
+    @abstractmethod
+    def train_batch(self, batch: PatternBatch) -> float:
+        """One optimisation step on one batch; returns its loss."""
+
+    def train_epoch(self, epoch: int, progress: ProgressFn | None = None) -> dict[str, float]:
+        losses = []
+        for batch in self.epoch_batches(epoch):
+            loss = self.train_batch(batch)
+            losses.append(loss)
+            self.step += 1
+            if progress is not None:
+                progress(loss)
+        return {"loss": float(np.mean(losses)) if losses else float("nan"), "batches": float(len(losses))}
+
+    # -- prediction and scoring -------------------------------------------------------------------------------
+    @abstractmethod
+    def predict_group(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
+        """Predicted labels of every observed party for rows ``ids`` that share the observed set ``observed``."""
+
+    def predict_parties(self, split: str, mask: np.ndarray | None = None) -> np.ndarray:
+        """(N, K) predicted labels, -1 where a party does not observe the row. ``mask`` defaults to the run's."""
+        mask = self.ctx.masks[split] if mask is None else np.asarray(mask, dtype=bool)
+        n = self.ctx.rows(split)
+        if mask.shape != (n, self.K):
+            raise ConfigError(f"an observation mask for {split} must have shape ({n}, {self.K}), got {mask.shape}")
+        out = np.full((n, self.K), -1, dtype=np.int64)
+        codes = pattern_codes(mask)
+        chunk = self.cfg.eval_batch_size
+        for code in np.unique(codes):
+            if code == 0:
+                continue  # nobody holds these rows: nobody can predict them
+            observed = observed_parties(int(code), self.K)
+            rows = np.flatnonzero(codes == code)
+            for s in range(0, len(rows), chunk):
+                ids = rows[s : s + chunk]
+                for k, pred in self.predict_group(split, ids, observed).items():
+                    out[ids, k] = pred
+        return out
+
+    def score(self, split: str, mask: np.ndarray | None = None) -> dict[str, float]:
+        """The paper's metrics on ``split`` (accuracy; binary F1 of class 1 averaged over parties)."""
+        mask = self.ctx.masks[split] if mask is None else np.asarray(mask, dtype=bool)
+        if self.ctx.rows(split) == 0:
+            return {}
+        preds = self.predict_parties(split, mask)
+        m = evaluate_predictions(preds, self._labels[split], mask, n_classes=self.n_classes)
+        out = {"accuracy": m.accuracy}
+        if m.f1 is not None:
+            out["f1"] = m.f1
+        out["unpredictable_rows"] = float(m.n_unpredictable)
+        return out
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        return self.score(split)

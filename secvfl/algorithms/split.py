@@ -1,0 +1,176 @@
+"""Split-network VFL with one label party: `splitnn` (concatenation), `vafl` (mean), `fdml` (sum of local logits).
+
+Message flow of one training step (every arrow is a Message through the network's protocol stack)::
+
+    feature party k --embedding/logits--> label party          (splitnn: one message per party)
+    feature parties --aggregate(sum)----> label party          (vafl, fdml: the aggregation protocol decides how)
+    label party     --gradient----------> feature party k      (d loss / d its output)
+
+Missing blocks: `splitnn` (Standard VFL) trains on fully observed rows only and predicts at random for a test row
+with a missing block. `vafl`/`fdml` combine the observed parties only: a party sends zeros for rows it does not
+hold, the aggregate is a sum, and the label party divides by the number of observed parties per row (`vafl`) —
+that count comes from the public alignment pattern, not from any party's data.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from protocols.base import AlgorithmTraits
+from secvfl.algorithms.base import LABEL_PARTY, Algorithm, ProgressFn, RunContext, batch_ids, feature_party_names
+from secvfl.messages import Message
+from secvfl.metrics import classification_metrics
+from secvfl.models import ConcatHead, MeanHead, SumHead, make_bottom, output_dim
+from secvfl.parties import FeatureParty, LabelParty, make_optimizer
+from secvfl.transport.network import Network
+
+__all__ = ["SplitNN", "VAFL", "FDML"]
+
+
+class _SplitBase(Algorithm):
+    aggregation: ClassVar[str]  # "concat" | "mean" | "sum"
+    output_kind: ClassVar[str] = "embedding"
+
+    def __init__(self, ctx: RunContext, net: Network) -> None:
+        super().__init__(ctx, net)
+        cfg, data, part = ctx.config, ctx.data, ctx.partition
+        n_out = output_dim(data.n_classes)
+        out_dim = n_out if self.output_kind == "logits" else cfg.embedding_dim
+        self.feature_parties: list[FeatureParty] = []
+        for k, name in enumerate(feature_party_names(part.n_blocks)):
+            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), out_dim, list(cfg.hidden), part.block_shapes[k])
+            blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
+            self.feature_parties.append(
+                FeatureParty(
+                    name, blocks, bottom, make_optimizer(bottom.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay),
+                    device=ctx.device, dtype=ctx.dtype, output_kind=self.output_kind,
+                )
+            )
+        head = self.make_head(out_dim, n_out)
+        labels = {s: getattr(data, f"y_{s}") for s in ("train", "val", "test")}
+        self.label_party = LabelParty(
+            LABEL_PARTY, labels, head, make_optimizer(head.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay),
+            data.n_classes, device=ctx.device, dtype=ctx.dtype, input_kind=self.output_kind,
+        )
+        self.names = [fp.name for fp in self.feature_parties]
+
+    def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def parties(self) -> dict[str, object]:
+        return {**{fp.name: fp for fp in self.feature_parties}, LABEL_PARTY: self.label_party}
+
+    # -- which rows take part -------------------------------------------------------------------------------
+    def train_rows(self) -> np.ndarray:
+        mask = self.ctx.masks["train"]
+        if self.aggregation == "concat":
+            return np.flatnonzero(mask.all(axis=1))  # Standard VFL: fully observed rows only
+        return np.flatnonzero(mask.any(axis=1))
+
+    def batches_per_epoch(self) -> int:
+        return -(-len(self.train_rows()) // self.cfg.batch_size)
+
+    def _scale(self, split: str, ids: np.ndarray) -> torch.Tensor | None:
+        if self.aggregation != "mean":
+            return None
+        counts = self.ctx.masks[split][ids].sum(axis=1).clip(min=1)
+        return torch.as_tensor(1.0 / counts, dtype=self.ctx.dtype, device=self.ctx.device)[:, None]
+
+    def _forward_all(self, split: str, ids: np.ndarray, train: bool) -> list[Message]:
+        mask = self.ctx.masks[split][ids]
+        msgs = []
+        for k, fp in enumerate(self.feature_parties):
+            m = fp.forward(self.step, split, ids, LABEL_PARTY, train=train)
+            if not mask[:, k].all():  # the party zeroes rows it does not hold (it knows its own rows)
+                t = m.tensor(self.output_kind) * torch.as_tensor(mask[:, k], dtype=self.ctx.dtype)[:, None]
+                m = m.replace(tensors={self.output_kind: t})
+            msgs.append(m)
+        return msgs
+
+    def _deliver(self, msgs: list[Message]) -> list[Message]:
+        if self.aggregation == "concat":
+            for m in msgs:
+                self.net.send(m)
+            return [self.net.receive(LABEL_PARTY, kind=self.output_kind, sender=n) for n in self.names]
+        return [self.net.aggregate(msgs, LABEL_PARTY, "sum")]
+
+    # -- training and evaluation -----------------------------------------------------------------------------
+    def train_epoch(self, epoch: int, progress: ProgressFn | None = None) -> dict[str, float]:
+        losses = []
+        for ids in batch_ids(self.train_rows(), self.cfg.batch_size, self.cfg.seed, epoch):
+            received = self._deliver(self._forward_all("train", ids, train=True))
+            loss, grads = self.label_party.train_step(
+                self.step, ids, received, self.names, aggregated=self.aggregation != "concat",
+                input_scale=self._scale("train", ids),
+            )
+            self.net.send(*grads)
+            for fp in self.feature_parties:
+                fp.backward(self.net.receive(fp.name, kind="gradient", sender=LABEL_PARTY))
+            losses.append(loss)
+            self.step += 1
+            if progress is not None:
+                progress(loss)
+        return {"loss": float(np.mean(losses)) if losses else float("nan")}
+
+    def predict_proba(self, split: str) -> np.ndarray:
+        n = self.ctx.rows(split)
+        out = []
+        for start in range(0, n, self.cfg.eval_batch_size):
+            ids = np.arange(start, min(n, start + self.cfg.eval_batch_size))
+            received = self._deliver(self._forward_all(split, ids, train=False))
+            p = self.label_party.predict(
+                received, aggregated=self.aggregation != "concat", input_scale=self._scale(split, ids)
+            )
+            out.append(p.cpu().numpy())
+        proba = np.concatenate(out) if out else np.zeros((0, max(2, self.ctx.data.n_classes)))
+        if self.aggregation == "concat":
+            # Standard VFL cannot predict a row with a missing block: it guesses uniformly at random.
+            incomplete = ~self.ctx.masks[split].all(axis=1)
+            if incomplete.any():
+                rng = np.random.default_rng([self.cfg.seed, 7])
+                c = proba.shape[1]
+                proba[incomplete] = np.eye(c)[rng.integers(0, c, incomplete.sum())]
+        return proba
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        if self.ctx.rows(split) == 0:
+            return {}
+        # Metrics are computed by the label party, the only one holding the labels.
+        return classification_metrics(self.label_party.labels(split).cpu().numpy(), self.predict_proba(split))
+
+
+class SplitNN(_SplitBase):
+    """Standard VFL / split neural network: the label party concatenates the embeddings."""
+
+    name = "splitnn"
+    aggregation = "concat"
+    traits = AlgorithmTraits("splitnn", "concat")
+
+    def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
+        return ConcatHead([out_dim] * len(self.feature_parties), list(self.cfg.head_hidden), n_out)
+
+
+class VAFL(_SplitBase):
+    """VAFL-style: the label party's head sees the mean of the observed parties' embeddings."""
+
+    name = "vafl"
+    aggregation = "mean"
+    traits = AlgorithmTraits("vafl", "mean")
+
+    def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
+        return MeanHead(out_dim, list(self.cfg.head_hidden), n_out)
+
+
+class FDML(_SplitBase):
+    """FDML-style: each bottom model outputs logits; the prediction is their sum (plus a bias at the label party)."""
+
+    name = "fdml"
+    aggregation = "sum"
+    output_kind = "logits"
+    traits = AlgorithmTraits("fdml", "sum", forward_kinds=("logits",))
+
+    def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
+        return SumHead(n_out)

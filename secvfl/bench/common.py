@@ -1,0 +1,41 @@
+"""Shared benchmark conventions: fixed thread count, wall time, peak RSS, machine description."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import time
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["fix_threads", "machine", "timed", "peak_rss_mb"]
+
+
+def fix_threads(n: int) -> int:
+    """Benchmarks fix the intra-op thread count (shared machines make >1 thread noisy) and report it."""
+    torch.set_num_threads(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    return torch.get_num_threads()
+
+
+def machine() -> dict:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0

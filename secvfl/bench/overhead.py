@@ -1,0 +1,100 @@
+"""`secvfl bench overhead`: split-NN epoch with isolated parties and serialised messages vs one monolithic model.
+
+Both train the same layers (the monolithic model is built from copies of the parties' initial weights) on the same
+batches in the same order with the same optimiser, in one process with a fixed thread count. The ratio is the cost
+of party isolation: encoding and decoding every message, counting bytes, per-party optimisers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+
+import numpy as np
+import torch
+from torch import nn
+
+from secvfl.algorithms.base import batch_ids
+from secvfl.bench.common import fix_threads, machine, peak_rss_mb, timed
+from secvfl.cli.registries import BENCHES
+from secvfl.config import TrainConfig
+from secvfl.parties import task_loss
+from secvfl.runner import build_run
+
+__all__ = ["OverheadBench", "MonolithicSplitModel"]
+
+
+class MonolithicSplitModel(nn.Module):
+    """The split network as one module: the same bottoms on the same column blocks, then the same head."""
+
+    def __init__(self, bottoms: list[nn.Module], head: nn.Module, blocks: list[np.ndarray]) -> None:
+        super().__init__()
+        self.bottoms = nn.ModuleList(bottoms)
+        self.head = head
+        self.blocks = [torch.as_tensor(b) for b in blocks]
+
+    def forward(self, x_blocks: list[torch.Tensor]) -> torch.Tensor:
+        return self.head([f(x) for f, x in zip(self.bottoms, x_blocks, strict=True)])
+
+
+@BENCHES.register("overhead")
+class OverheadBench:
+    help = "epoch time of split-NN through isolated parties / monolithic model (same layers, same data order)"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--dataset", default="mnist")
+        p.add_argument("--data-dir", default=None)
+        p.add_argument("--parties", type=int, default=4)
+        p.add_argument("--batch-size", type=int, default=256)
+        p.add_argument("--hidden", type=int, default=256)
+        p.add_argument("--embedding-dim", type=int, default=64)
+        p.add_argument("--repeats", type=int, default=3, help="epochs timed per side (the median is reported)")
+        p.add_argument("--threads", type=int, default=1)
+
+    def run(self, args: argparse.Namespace) -> dict:
+        threads = fix_threads(args.threads)
+        cfg = TrainConfig(algo="splitnn", dataset=args.dataset, data_dir=args.data_dir, parties=args.parties,
+                          batch_size=args.batch_size, hidden=(args.hidden,), embedding_dim=args.embedding_dim,
+                          head_hidden=(args.hidden,), device="cpu", val_fraction=0.0, epochs=1)
+        run = build_run(cfg)
+        algo = run.algorithm
+        # Monolithic twin from the parties' *initial* weights, before the split side trains.
+        bottoms = [copy.deepcopy(fp.model) for fp in algo.feature_parties]
+        head = copy.deepcopy(algo.label_party.head)
+        mono = MonolithicSplitModel(bottoms, head, list(run.ctx.partition.blocks))
+        opt = torch.optim.Adam(mono.parameters(), lr=cfg.lr)
+        X = torch.as_tensor(run.ctx.data.X_train)
+        xb = [X[:, b].contiguous() for b in mono.blocks]
+        y = torch.as_tensor(run.ctx.data.y_train)
+        loss_fn = task_loss(run.ctx.data.n_classes)
+        rows = algo.train_rows()
+
+        def mono_epoch(epoch: int) -> None:
+            for ids in batch_ids(rows, cfg.batch_size, cfg.seed, epoch):
+                idx = torch.as_tensor(ids)
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(mono([x[idx] for x in xb]), y[idx])
+                loss.backward()
+                opt.step()
+
+        split_times, mono_times = [], []
+        for epoch in range(args.repeats):  # interleaved, so both sides see the same machine load
+            split_times.append(timed(lambda e=epoch: algo.train_epoch(e)))
+            mono_times.append(timed(lambda e=epoch: mono_epoch(e)))
+        split_t, mono_t = statistics.median(split_times), statistics.median(mono_times)
+        return {
+            "benchmark": "overhead",
+            "ratio": round(split_t / mono_t, 4),
+            "split_epoch_seconds": round(split_t, 4),
+            "monolithic_epoch_seconds": round(mono_t, 4),
+            "split_epoch_seconds_all": [round(t, 4) for t in split_times],
+            "monolithic_epoch_seconds_all": [round(t, 4) for t in mono_times],
+            "bytes_per_epoch": run.net.stats.bytes_total // max(1, args.repeats),
+            "batches_per_epoch": algo.batches_per_epoch(),
+            "config": {"dataset": args.dataset, "parties": args.parties, "batch_size": args.batch_size,
+                       "hidden": args.hidden, "embedding_dim": args.embedding_dim},
+            "threads": threads,
+            "peak_rss_mb": peak_rss_mb(),
+            "machine": machine(),
+        }

@@ -1,0 +1,53 @@
+"""The `secvfl` command."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from secvfl import __version__
+from secvfl.errors import SecvflError
+
+__all__ = ["main", "build_parser"]
+
+# Top-level subcommand modules, each with register(subparsers). One line per command.
+SUBCOMMANDS = [
+    "secvfl.cli.train",
+    "secvfl.cli.families",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="secvfl", description="Privacy-preserving vertical federated learning.",
+    )
+    parser.add_argument("--version", action="version", version=f"secvfl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        argv = ["train"]  # `secvfl` alone runs the main job with its defaults
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args._argv = list(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SecvflError as exc:
+        print(f"secvfl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("secvfl: interrupted; a run with --out can be continued with --resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""CSV tables (gzip read transparently): numeric and categorical columns, a label column, stated missing-value tokens."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from pathlib import Path
+
+import numpy as np
+
+from secvfl.data.dataset import RawData
+from secvfl.errors import DataError
+
+__all__ = ["load_csv", "MISSING_TOKENS"]
+
+MISSING_TOKENS = frozenset({"", "?", "na", "n/a", "nan", "null", "none", "-"})
+_ID_NAMES = frozenset({"id", "ids", "index", "row_id", "customer_id", "client_id"})
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    raw = path.open("rb")
+    head = raw.read(2)
+    raw.seek(0)
+    stream = gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
+    return io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def load_csv(
+    path: str | Path,
+    label: str | None = None,
+    *,
+    header: str = "auto",
+    drop_columns: tuple[str, ...] = (),
+    drop_id_columns: bool = True,
+) -> RawData:
+    """Read a CSV file into :class:`RawData`.
+
+    ``label`` is a column name, or ``#N`` for the N-th column (0-based); default: the last column. ``header`` is
+    ``"yes"``, ``"no"`` or ``"auto"`` (a first row with a non-numeric field where the second row has a number is a
+    header, as is a first row of all-distinct strings in an all-categorical file when a label name was given).
+    Columns named like an id (``ID``, ``customer_id``...) whose values are all distinct are dropped. Non-numeric
+    feature columns are one-hot encoded (categories sorted); cells in :data:`MISSING_TOKENS` are missing (NaN).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"CSV file {path} does not exist; pass csv:PATH[:LABEL] with an existing file")
+    try:
+        with _open_text(path) as fh:
+            rows = [r for r in csv.reader(fh) if r]
+    except (OSError, UnicodeDecodeError, csv.Error, EOFError) as exc:
+        raise DataError(f"cannot read {path} as CSV (gzip is read transparently): {exc}") from None
+    if len(rows) < 2:
+        raise DataError(f"{path} has fewer than 2 rows; a CSV dataset needs at least a row per sample")
+    width = len(rows[0])
+    ragged = [i for i, r in enumerate(rows) if len(r) != width]
+    if ragged:
+        i = ragged[0]
+        raise DataError(
+            f"{path} is ragged: line {i + 1} has {len(rows[i])} fields, the first line has {width} "
+            f"({len(ragged)} bad line(s)); fix the file or its delimiter"
+        )
+    if width < 2:
+        raise DataError(f"{path} has {width} column(s); need at least one feature and a label (comma-separated)")
+    if header not in ("yes", "no", "auto"):
+        raise DataError(f"header must be yes, no or auto, got {header!r}")
+    if header == "auto":
+        first, second = rows[0], rows[1]
+        has_header = any(
+            not _is_number(a) and _is_number(b) for a, b in zip(first, second, strict=True)
+        ) or (label is not None and not label.startswith("#") and label in first)
+    else:
+        has_header = header == "yes"
+    names = [c.strip() for c in rows[0]] if has_header else [f"col{j}" for j in range(width)]
+    body = rows[1:] if has_header else rows
+    notes = [f"csv: {len(body)} rows x {width} columns from {path.name}"]
+
+    if label is None:
+        li = width - 1
+    elif label.startswith("#") and label[1:].isdigit():
+        li = int(label[1:])
+        if li >= width:
+            raise DataError(f"label column {label} is out of range: {path.name} has {width} columns")
+    elif label in names:
+        li = names.index(label)
+    else:
+        raise DataError(
+            f"label column {label!r} not found in {path.name}; columns are {names[:30]}"
+            + (" ..." if width > 30 else "")
+            + " (use a name, or #N for the N-th column)"
+        )
+    cols = list(zip(*body, strict=True))
+    y_raw = [v.strip() for v in cols[li]]
+    missing_label = np.array([v.lower() in MISSING_TOKENS for v in y_raw])
+    if missing_label.all():
+        raise DataError(f"label column {names[li]!r} has no values")
+
+    features: list[np.ndarray] = []
+    feat_names: list[str] = []
+    dropped: list[str] = []
+    for j, (nm, col) in enumerate(zip(names, cols, strict=True)):
+        if j == li:
+            continue
+        vals = [v.strip() for v in col]
+        if nm in drop_columns:
+            dropped.append(nm)
+            continue
+        is_missing = np.array([v.lower() in MISSING_TOKENS for v in vals])
+        present = [v for v, m in zip(vals, is_missing, strict=True) if not m]
+        numeric = all(_is_number(v) for v in present)
+        if drop_id_columns and nm.lower() in _ID_NAMES and len(set(vals)) == len(vals):
+            dropped.append(nm)
+            continue
+        if numeric:
+            arr = np.array([float(v) if not m else np.nan for v, m in zip(vals, is_missing, strict=True)])
+            features.append(arr[:, None])
+            feat_names.append(nm)
+        else:
+            cats = sorted(set(present))
+            onehot = np.zeros((len(vals), len(cats)))
+            index = {c: k for k, c in enumerate(cats)}
+            for r, (v, m) in enumerate(zip(vals, is_missing, strict=True)):
+                if m:
+                    onehot[r, :] = np.nan
+                else:
+                    onehot[r, index[v]] = 1.0
+            features.append(onehot)
+            feat_names.extend(f"{nm}={c}" for c in cats)
+    missing_drop = set(drop_columns) - set(dropped)
+    if missing_drop:
+        raise DataError(f"columns to drop not found in {path.name}: {sorted(missing_drop)}")
+    if dropped:
+        notes.append(f"csv: dropped id/excluded columns {dropped}")
+    if not features:
+        raise DataError(f"{path.name} has no feature columns besides the label")
+    X = np.hstack(features)
+    if missing_label.any():
+        notes.append(f"csv: dropped {int(missing_label.sum())} rows without a label")
+        X = X[~missing_label]
+        y_raw = [v for v, m in zip(y_raw, missing_label, strict=True) if not m]
+    classes = sorted(set(y_raw), key=lambda v: (not _is_number(v), float(v) if _is_number(v) else 0.0, v))
+    if len(classes) < 2:
+        raise DataError(f"label column {names[li]!r} has a single value {classes}; need at least two classes")
+    if len(classes) > max(100, len(y_raw) // 10):
+        raise DataError(
+            f"label column {names[li]!r} has {len(classes)} distinct values: it looks continuous or like an id, "
+            "not a class label; choose another column with csv:PATH:LABEL"
+        )
+    index = {c: k for k, c in enumerate(classes)}
+    y = np.array([index[v] for v in y_raw], dtype=np.int64)
+    return RawData(X=X, y=y, feature_names=feat_names, classes=classes, notes=notes)

@@ -1,0 +1,243 @@
+"""Parties. Each holds only its own data, model, optimiser and keys, and talks to others only through messages.
+
+A party never receives another party's tensors directly: every tensor it is given arrives in a :class:`Message`
+decoded from bytes by the transport (``wire_size`` set), which :func:`require_wire` checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from secvfl.errors import ConfigError, PartyIsolationError
+from secvfl.messages import Message
+
+__all__ = [
+    "FeatureParty",
+    "LabelParty",
+    "BackwardRule",
+    "standard_backward",
+    "task_loss",
+    "make_optimizer",
+    "require_wire",
+]
+
+
+def require_wire(message: Message) -> Message:
+    """Refuse a message that did not cross the transport (a party reading another party's objects)."""
+    if message.wire_size is None:
+        raise PartyIsolationError(
+            f"{message.kind} message from {message.sender} to {message.receiver} was handed over directly; "
+            "parties may only use messages received through the network"
+        )
+    return message
+
+
+def task_loss(n_classes: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Mean batch loss: BCE on one logit for binary tasks, softmax cross-entropy otherwise."""
+    if n_classes == 2:
+        return lambda logits, y: nn.functional.binary_cross_entropy_with_logits(logits.squeeze(1), y.to(logits.dtype))
+    return lambda logits, y: nn.functional.cross_entropy(logits, y)
+
+
+def probabilities(logits: torch.Tensor, n_classes: int) -> torch.Tensor:
+    if n_classes == 2:
+        p1 = torch.sigmoid(logits.squeeze(1))
+        return torch.stack([1 - p1, p1], dim=1)
+    return torch.softmax(logits, dim=1)
+
+
+OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
+
+
+def make_optimizer(params: Any, name: str, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    try:
+        cls = OPTIMIZERS[name]
+    except KeyError:
+        raise ConfigError(f"unknown optimiser {name!r}; choose one of {', '.join(OPTIMIZERS)}") from None
+    return cls(params, lr=lr, weight_decay=weight_decay)
+
+
+class BackwardRule(Protocol):
+    """How the label party turns a batch into head gradients and gradients w.r.t. its inputs.
+
+    Must set ``.grad`` on the head's parameters and on every input tensor, and return the batch loss. Protocol
+    layers that change what the label party releases (label DP: per-sample clipping and noise) install their own.
+    """
+
+    def __call__(
+        self,
+        head: nn.Module,
+        forward: Callable[[list[torch.Tensor]], torch.Tensor],
+        inputs: list[torch.Tensor],
+        labels: torch.Tensor,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> float: ...
+
+
+def standard_backward(head, forward, inputs, labels, loss_fn) -> float:  # noqa: ANN001 - see BackwardRule
+    loss = loss_fn(forward(inputs), labels)
+    loss.backward()
+    return float(loss.detach())
+
+
+class _Party:
+    def __init__(self, name: str, device: torch.device, dtype: torch.dtype) -> None:
+        self.name = name
+        self.device = device
+        self.dtype = dtype
+
+    def __repr__(self) -> str:  # never print data or keys
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class FeatureParty(_Party):
+    """Holds one feature block (per split), a bottom model and its optimiser."""
+
+    def __init__(
+        self,
+        name: str,
+        blocks: dict[str, np.ndarray],
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        output_kind: str = "embedding",
+    ) -> None:
+        super().__init__(name, device, dtype)
+        self._x = {s: torch.as_tensor(b, dtype=dtype).to(device) for s, b in blocks.items()}
+        self.model = model.to(device=device, dtype=dtype)
+        self.optimizer = optimizer
+        self.output_kind = output_kind
+        self._pending: torch.Tensor | None = None
+
+    def rows(self, split: str) -> int:
+        return int(self._x[split].shape[0])
+
+    def forward(self, step: int, split: str, ids: np.ndarray, receiver: str, *, train: bool = True) -> Message:
+        """Compute the bottom-model output on rows ``ids`` and wrap it for ``receiver``."""
+        x = self._x[split][torch.as_tensor(ids, device=self.device)]
+        self.model.train(train)
+        if train:
+            out = self.model(x)
+            self._pending = out
+        else:
+            with torch.no_grad():
+                out = self.model(x)
+        return Message(self.output_kind, self.name, receiver, step, {self.output_kind: out.detach()})
+
+    def backward(self, message: Message) -> None:
+        """Apply the received gradient w.r.t. the last training output and take an optimiser step."""
+        require_wire(message)
+        if self._pending is None:
+            raise PartyIsolationError(f"{self.name} received a gradient without a pending forward pass")
+        grad = message.tensor("gradient").to(device=self.device, dtype=self._pending.dtype)
+        if grad.shape != self._pending.shape:
+            raise PartyIsolationError(f"{self.name}: gradient of shape {tuple(grad.shape)} for output {tuple(self._pending.shape)}")
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending.backward(grad)
+        self._pending = None
+        self.optimizer.step()
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class LabelParty(_Party):
+    """Holds the labels, the head and its optimiser; computes the loss and the gradients it sends back.
+
+    ``aggregated=True``: the head receives one tensor (sum or mean delivered by the aggregation protocol) and
+    every feature party gets the gradient w.r.t. that aggregate (scaled by ``1/K`` for a mean).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        labels: dict[str, np.ndarray],
+        head: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        n_classes: int,
+        *,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        input_kind: str = "embedding",
+    ) -> None:
+        super().__init__(name, device, dtype)
+        self._y = {s: torch.as_tensor(v, dtype=torch.long).to(device) for s, v in labels.items()}
+        self.head = head.to(device=device, dtype=dtype)
+        self.optimizer = optimizer
+        self.n_classes = n_classes
+        self.loss_fn = task_loss(n_classes)
+        self.input_kind = input_kind
+        self.backward_rule: BackwardRule = standard_backward
+
+    def labels(self, split: str, ids: np.ndarray | None = None) -> torch.Tensor:
+        """The label party's own labels (used for its own loss and evaluation, never sent unless an algorithm says so)."""
+        y = self._y[split]
+        return y if ids is None else y[torch.as_tensor(ids, device=self.device)]
+
+    def _inputs(self, inputs: Sequence[Message]) -> list[torch.Tensor]:
+        return [
+            require_wire(m).tensor(self.input_kind).to(device=self.device, dtype=self.dtype).requires_grad_(True)
+            for m in inputs
+        ]
+
+    def _forward(self, xs: list[torch.Tensor], aggregated: bool, scale: torch.Tensor | None) -> torch.Tensor:
+        if aggregated:
+            z = xs[0] if scale is None else xs[0] * scale
+            return self.head(z)
+        return self.head(xs)
+
+    def train_step(
+        self,
+        step: int,
+        ids: np.ndarray,
+        inputs: Sequence[Message],
+        senders: Sequence[str],
+        *,
+        aggregated: bool = False,
+        input_scale: torch.Tensor | None = None,
+    ) -> tuple[float, list[Message]]:
+        """One optimiser step of the head; returns the loss and one gradient message per sender.
+
+        ``input_scale`` (per-row factors, e.g. 1/number of observed parties) turns an aggregated sum into a mean.
+        """
+        xs = self._inputs(inputs)
+        y = self.labels("train", ids)
+        self.head.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.backward_rule(self.head, lambda t: self._forward(t, aggregated, input_scale), xs, y, self.loss_fn)
+        self.optimizer.step()
+        if aggregated:
+            grads = [xs[0].grad] * len(senders)
+        else:
+            grads = [x.grad for x in xs]
+        msgs = [
+            Message("gradient", self.name, s, step, {"gradient": g.detach()}) for s, g in zip(senders, grads, strict=True)
+        ]
+        return loss, msgs
+
+    @torch.no_grad()
+    def predict(
+        self, inputs: Sequence[Message], *, aggregated: bool = False, input_scale: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Class probabilities (n, C) for the rows the inputs describe."""
+        self.head.eval()
+        xs = [require_wire(m).tensor(self.input_kind).to(device=self.device, dtype=self.dtype) for m in inputs]
+        return probabilities(self._forward(xs, aggregated, input_scale), self.n_classes)
+
+    def state_dict(self) -> dict:
+        return {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,82 @@
+"""Transport interface: moves encoded messages (bytes) between named parties and counts every byte."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+__all__ = ["Transport", "CommStats"]
+
+
+@dataclass
+class CommStats:
+    """Exact communication counters, keyed by party and message kind.
+
+    Bytes are the sizes of the encoded messages that crossed the transport (what a network would carry, before
+    any TLS framing).
+    """
+
+    bytes_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bytes_received: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    messages_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bytes_by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    messages_by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bytes_by_link: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def count(self, sender: str, receiver: str, kind: str, nbytes: int) -> None:
+        self.bytes_sent[sender] += nbytes
+        self.bytes_received[receiver] += nbytes
+        self.messages_sent[sender] += 1
+        self.bytes_by_kind[kind] += nbytes
+        self.messages_by_kind[kind] += 1
+        self.bytes_by_link[f"{sender}->{receiver}"] += nbytes
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(self.bytes_sent.values())
+
+    @property
+    def messages_total(self) -> int:
+        return sum(self.messages_sent.values())
+
+    def to_dict(self) -> dict:
+        parties = sorted(set(self.bytes_sent) | set(self.bytes_received))
+        return {
+            "bytes_total": self.bytes_total,
+            "messages_total": self.messages_total,
+            "bytes_by_party": {
+                p: {"sent": self.bytes_sent.get(p, 0), "received": self.bytes_received.get(p, 0)} for p in parties
+            },
+            "bytes_by_kind": dict(sorted(self.bytes_by_kind.items())),
+            "messages_by_kind": dict(sorted(self.messages_by_kind.items())),
+            "bytes_by_link": dict(sorted(self.bytes_by_link.items())),
+        }
+
+    def state_dict(self) -> dict:
+        return {k: dict(getattr(self, k)) for k in self.__dataclass_fields__}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in self.__dataclass_fields__:
+            d = defaultdict(int)
+            d.update(state.get(k, {}))
+            setattr(self, k, d)
+
+
+class Transport(ABC):
+    """Moves bytes between named parties. Implementations: in-process queues; gRPC with mutual TLS (later)."""
+
+    def __init__(self) -> None:
+        self.stats = CommStats()
+
+    @abstractmethod
+    def put(self, sender: str, receiver: str, kind: str, data: bytes) -> None:
+        """Deliver ``data`` to ``receiver``'s inbox (counts it)."""
+
+    @abstractmethod
+    def take(self, receiver: str, *, kind: str | None = None, sender: str | None = None) -> bytes:
+        """Remove and return the oldest message for ``receiver`` matching ``kind``/``sender``."""
+
+    @abstractmethod
+    def pending(self, receiver: str | None = None) -> int:
+        """Number of undelivered messages (for ``receiver``, or in total)."""

@@ -1,0 +1,118 @@
+"""The network a training run talks to: a transport, the protocol stack of layers, and an aggregation strategy.
+
+Algorithms call :meth:`Network.send`, :meth:`Network.receive` and :meth:`Network.aggregate` and nothing else to move
+data between parties. Every message is encoded to bytes and decoded again, so byte counts are exact and no party
+ever holds a reference to another party's tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from protocols.base import Aggregation, AlgorithmTraits, Layer, PlainAggregation, Role, Topology, check_stack
+from secvfl.errors import MessageError
+from secvfl.messages import Message, decode, encode
+from secvfl.transport.base import CommStats, Transport
+from secvfl.transport.inprocess import InProcessTransport
+
+__all__ = ["Network", "Role", "View"]
+
+
+@dataclass
+class View:
+    """What one party saw: the messages it released (before its own layers) and received (after them).
+
+    This is exactly the information an attacker controlling that party has about the other parties.
+    """
+
+    party: str
+    sent: list[Message] = field(default_factory=list)
+    received: list[Message] = field(default_factory=list)
+
+    def received_of(self, kind: str) -> list[Message]:
+        return [m for m in self.received if m.kind == kind]
+
+    def sent_of(self, kind: str) -> list[Message]:
+        return [m for m in self.sent if m.kind == kind]
+
+
+class Network:
+    def __init__(
+        self,
+        roles: Mapping[str, Role],
+        *,
+        transport: Transport | None = None,
+        layers: Sequence[Layer] = (),
+        aggregation: Aggregation | None = None,
+        traits: AlgorithmTraits | None = None,
+    ) -> None:
+        self.topology = Topology(dict(roles))
+        self.transport = transport or InProcessTransport()
+        self.layers = list(layers)
+        self.aggregation = aggregation or PlainAggregation()
+        if traits is not None:
+            check_stack(self.layers, traits, self.aggregation)
+        for layer in self.layers:
+            layer.bind(self.topology)
+        self.aggregation.bind(self.topology)
+        self._views: dict[str, View] = {}
+
+    @property
+    def stats(self) -> CommStats:
+        return self.transport.stats
+
+    def _known(self, party: str) -> None:
+        if party not in self.topology.roles and party != "aggregate":
+            raise MessageError(f"unknown party {party!r}; parties are {sorted(self.topology.roles)}")
+
+    def send(self, *messages: Message) -> None:
+        """Release messages from one sender in one step, through the sender's outbound layers."""
+        if not messages:
+            return
+        sender = messages[0].sender
+        if any(m.sender != sender for m in messages):
+            raise MessageError("send() takes the messages of one sender; call it once per sender")
+        self._known(sender)
+        if sender in self._views:
+            self._views[sender].sent.extend(messages)
+        out = list(messages)
+        for layer in self.layers:
+            out = layer.outbound(out, sender)
+        for m in out:
+            self._known(m.receiver)
+            self.transport.put(m.sender, m.receiver, m.kind, encode(m))
+
+    def receive(self, receiver: str, *, kind: str | None = None, sender: str | None = None) -> Message:
+        """Take the oldest matching message for ``receiver`` and pass it through the receiver's inbound layers."""
+        data = self.transport.take(receiver, kind=kind, sender=sender)
+        msg = decode(data)
+        for layer in reversed(self.layers):
+            msg = layer.inbound(msg, receiver)
+        if receiver in self._views:
+            self._views[receiver].received.append(msg)
+        return msg
+
+    def aggregate(self, messages: Sequence[Message], receiver: str, op: str = "sum") -> Message:
+        """Sum or mean of several parties' tensors, delivered to ``receiver`` by the configured aggregation."""
+        msg = self.aggregation.aggregate(self, messages, receiver, op)
+        return msg
+
+    def record(self, party: str) -> View:
+        """Start recording ``party``'s view (for attacks and audits); returns the live view."""
+        self._known(party)
+        return self._views.setdefault(party, View(party))
+
+    def describe(self) -> dict:
+        return {
+            "layers": [layer.describe() for layer in self.layers],
+            "aggregation": self.aggregation.describe(),
+        }
+
+    def state_dict(self) -> dict:
+        return {"stats": self.stats.state_dict(), "layers": [layer.state_dict() for layer in self.layers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stats.load_state_dict(state["stats"])
+        for layer, s in zip(self.layers, state["layers"], strict=True):
+            layer.load_state_dict(s)
