@@ -9,7 +9,10 @@ features ``x_target``. In a split network where bottom models never leave their 
 than the protocol allows; the attack then bounds what a model owner could learn.
 
 - :class:`GenerativeRegressionNetwork`: trains a generator G(x_adv, z) -> x_target in [0, 1] so that the frozen model's
-  output on (x_adv, G) matches the observed scores, over all the predictions the attacker has collected.
+  output on (x_adv, G) matches the observed scores, over all the predictions the attacker has collected. G never
+  sees the scores of the row it reconstructs, so what it learns is the relation between x_adv and x_target that
+  the model's outputs reveal: it succeeds where the parties' features are correlated (real data) and falls back to
+  the conditional mean where they are independent. ``GRNConfig.condition_on_scores`` lifts that limit.
 - :func:`solve_linear_features` / :class:`EquationSolving`: for a logistic-regression-type model the scores give
   ``classes - 1`` linear equations per row (``classes`` with logits); with that many unknowns or fewer they are solved
   exactly.
@@ -95,6 +98,9 @@ class GRNConfig:
     hidden: tuple[int, ...] = (128, 64)
     noise_dim: int = 0  # 0: as many noise inputs as target features (Luo et al.)
     draws: int = 8  # reconstructions averaged over this many noise draws
+    # Extension beyond Luo et al.: also feed the observed scores to G. Same threat model (the attacker has them),
+    # but G no longer has to rely on correlations between x_adv and x_target -- it can invert per row.
+    condition_on_scores: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -103,17 +109,17 @@ class GRNConfig:
 
 
 class _Generator(nn.Module):
-    def __init__(self, d_adv: int, d_noise: int, d_target: int, hidden: Sequence[int]) -> None:
+    def __init__(self, d_cond: int, d_noise: int, d_target: int, hidden: Sequence[int]) -> None:
         super().__init__()
-        dims = [d_adv + d_noise, *hidden]
+        dims = [d_cond + d_noise, *hidden]
         layers: list[nn.Module] = []
         for a, b in zip(dims[:-1], dims[1:], strict=True):
             layers += [nn.Linear(a, b), nn.LeakyReLU(0.2)]
         layers += [nn.Linear(dims[-1], d_target), nn.Sigmoid()]  # features live in [0, 1]
         self.net = nn.Sequential(*layers)
 
-    def forward(self, x_adv: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([x_adv, z], dim=1))
+    def forward(self, cond: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([cond, z], dim=1))
 
 
 def train_generator(model: Model, x_adv: Any, scores: Any, d_target: int, *, bounds: tuple[Any, Any] | None = None,
@@ -135,14 +141,15 @@ def train_generator(model: Model, x_adv: Any, scores: Any, d_target: int, *, bou
     if bounds is None:
         lo, span = torch.zeros(d_target), torch.ones(d_target)
     else:
-        lo_np = np.broadcast_to(np.asarray(bounds[0], np.float64), (d_target,))
-        hi_np = np.broadcast_to(np.asarray(bounds[1], np.float64), (d_target,))
+        lo_np = np.broadcast_to(np.asarray(bounds[0], np.float64), (d_target,)).copy()
+        hi_np = np.broadcast_to(np.asarray(bounds[1], np.float64), (d_target,)).copy()
         lo = torch.as_tensor(lo_np, dtype=torch.float32)
         span = torch.as_tensor(np.where(hi_np > lo_np, hi_np - lo_np, 1.0), dtype=torch.float32)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     d_noise = cfg.noise_dim or d_target
-    g = _Generator(xa.shape[1], d_noise, d_target, cfg.hidden)
+    cond = torch.cat([xa, v], dim=1) if cfg.condition_on_scores else xa
+    g = _Generator(cond.shape[1], d_noise, d_target, cfg.hidden)
     opt = torch.optim.Adam(g.parameters(), lr=cfg.lr)
     frozen = [p for p in model.parameters() if p.requires_grad] if isinstance(model, nn.Module) else []
     for p in frozen:  # the attack must not touch (or accumulate gradients in) the model it attacks
@@ -156,16 +163,16 @@ def train_generator(model: Model, x_adv: Any, scores: Any, d_target: int, *, bou
             for i in range(0, n, cfg.batch_size):
                 idx = perm[i : i + cfg.batch_size]
                 z = torch.randn(len(idx), d_noise, generator=gen)
-                x_t = lo + g(xa[idx], z) * span
+                x_t = lo + g(cond[idx], z) * span
                 out = model(xa[idx], x_t)
                 loss = ((out.reshape(len(idx), -1) - v[idx]) ** 2).sum(dim=1).mean()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                total += float(loss) * len(idx)
+                total += float(loss.detach()) * len(idx)
             losses.append(total / n)
         with torch.no_grad():
-            draws = [g(xa, torch.randn(n, d_noise, generator=gen)) for _ in range(cfg.draws)]
+            draws = [g(cond, torch.randn(n, d_noise, generator=gen)) for _ in range(cfg.draws)]
             rec = lo + torch.stack(draws).mean(dim=0) * span
     finally:
         for p in frozen:

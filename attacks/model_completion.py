@@ -3,8 +3,9 @@
 Threat model (passive): an honest-but-curious feature party, after training. It holds its trained bottom model and
 its own feature rows (training and, later, test rows), and knows the labels of a handful of training examples
 (``known``: row id -> class; e.g. customers it can label itself). It adds an inference head on its bottom model and
-trains the completed model on those few labels plus its unlabelled rows, semi-supervised: MixMatch for images, a
-confidence-thresholded pseudo-label / consistency scheme (FixMatch-style) for tables. Nothing of any other party is
+trains the completed model on those few labels plus its unlabelled rows, semi-supervised: MixMatch for images; for
+tables, pseudo-labels spread from the known labels over a nearest-neighbour graph of its bottom model's embeddings
+(label spreading, Zhou et al. 2004), kept where confident. Nothing of any other party is
 used. The active variant is the same attack on a bottom model trained with :class:`~attacks.malicious_optimizer.
 MaliciousOptimizer`.
 
@@ -39,7 +40,7 @@ __all__ = [
     "ActiveModelCompletion",
 ]
 
-METHODS = ("auto", "supervised", "pseudo-label", "mixmatch")
+METHODS = ("auto", "supervised", "label-spreading", "mixmatch")
 
 
 @dataclass
@@ -52,13 +53,13 @@ class CompletionConfig:
     bottom_lr_scale: float = 0.1  # fine-tune the attacker's bottom model more gently than the new head; 0 freezes it
     weight_decay: float = 5e-4
     head_hidden: int = 64
-    method: str = "auto"  # auto: mixmatch for images, pseudo-label for tables
-    # pseudo-label / consistency (tables)
-    threshold: float = 0.95
+    method: str = "auto"  # auto: mixmatch for images, label-spreading for tables
+    # label spreading (tables): pseudo-labels propagated over a kNN graph of the bottom model's embeddings
+    neighbours: int = 10
+    spreading_alpha: float = 0.99
+    threshold: float = 0.8  # keep pseudo-labels whose propagated class share is at least this
     lambda_u: float = 1.0
-    weak_noise: float = 0.05
-    strong_noise: float = 0.2
-    strong_drop: float = 0.2
+    noise: float = 0.05  # table augmentation: Gaussian noise, in units of each feature's standard deviation
     # MixMatch (images)
     mixmatch_lambda_u: float = 50.0
     temperature: float = 0.5
@@ -108,19 +109,12 @@ def _build(bottom: nn.Module, n_classes: int, sample: torch.Tensor, hidden: int,
 
 
 class _Augment:
-    """Weak/strong augmentations of the attacker's own rows (row shape preserved)."""
+    """Augmentations of the attacker's own rows (row shape preserved): pixel shifts for images, noise for tables."""
 
     def __init__(self, x: torch.Tensor, image_shape: tuple[int, int] | None, cfg: CompletionConfig,
                  gen: torch.Generator) -> None:
         self.image_shape, self.cfg, self.gen = image_shape, cfg, gen
-        flat = x.reshape(x.shape[0], -1)
-        self.mean = flat.mean(dim=0)
-        self.std = flat.std(dim=0).clamp_min(1e-6)
-
-    def _noise(self, x: torch.Tensor, scale: float) -> torch.Tensor:
-        flat = x.reshape(x.shape[0], -1)
-        noise = torch.randn(flat.shape, generator=self.gen) * (scale * self.std)
-        return (flat + noise).reshape(x.shape)
+        self.std = x.reshape(x.shape[0], -1).std(dim=0).nan_to_num(0.0).clamp_min(1e-6)
 
     def shift(self, x: torch.Tensor) -> torch.Tensor:
         """Random translation by up to ``shift`` pixels (zero padding), independently per image."""
@@ -132,18 +126,12 @@ class _Augment:
         out = torch.stack([img[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(x.shape[0])])
         return out.reshape(x.shape)
 
-    def weak(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.image_shape is not None:
             return self.shift(x)
-        return self._noise(x, self.cfg.weak_noise)
-
-    def strong(self, x: torch.Tensor) -> torch.Tensor:
-        if self.image_shape is not None:
-            return self._noise(self.shift(x), self.cfg.strong_noise)
         flat = x.reshape(x.shape[0], -1)
-        drop = torch.rand(flat.shape, generator=self.gen) < self.cfg.strong_drop
-        flat = torch.where(drop, self.mean.expand_as(flat), flat)
-        return self._noise(flat.reshape(x.shape), self.cfg.strong_noise)
+        noise = torch.randn(flat.shape, generator=self.gen) * (self.cfg.noise * self.std)
+        return (flat + noise).reshape(x.shape)
 
 
 def _sharpen(p: torch.Tensor, t: float) -> torch.Tensor:
@@ -169,12 +157,14 @@ def complete_model(bottom: nn.Module, n_classes: int, x_labelled: Any, y_labelle
         raise DataError(f"labels must be in 0..{n_classes - 1}")
     method = cfg.method
     if method == "auto":
-        method = "mixmatch" if image_shape is not None else "pseudo-label"
+        method = "mixmatch" if image_shape is not None else "label-spreading"
     x_u = None if x_unlabelled is None else torch.as_tensor(np.asarray(x_unlabelled), dtype=torch.float32)
     if x_u is None or x_u.shape[0] == 0:
         method = "supervised"
+    # The number of steps depends on how many rows the attacker holds, not on the method, so that supervised-only
+    # baselines given the same rows train exactly as long as the attack.
     if method == "mixmatch" and image_shape is None:
-        raise ConfigError("MixMatch augments images; pass image_shape=(h, w) or use method='pseudo-label'")
+        raise ConfigError("MixMatch augments images; pass image_shape=(h, w) or use method='label-spreading'")
 
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -188,24 +178,31 @@ def complete_model(bottom: nn.Module, n_classes: int, x_labelled: Any, y_labelle
     opt = torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
     aug = _Augment(x_u if x_u is not None else x_l, image_shape, cfg, gen)
 
+    pseudo_x = pseudo_y = None
+    if method == "label-spreading":
+        assert x_u is not None
+        pseudo_x, pseudo_y = _spread_labels(bottom, x_l, y_l, x_u, n_classes, cfg)
+        if pseudo_x.shape[0] == 0:
+            method = "supervised"  # nothing confident to add
     n_u = 0 if x_u is None else x_u.shape[0]
     steps = cfg.steps_per_epoch or max(1, min(cfg.max_steps_per_epoch, math.ceil(max(n_u, x_l.shape[0]) / cfg.batch_size)))
     total = cfg.epochs * steps
-    bl = min(cfg.batch_size, max(x_l.shape[0], 1)) if method == "supervised" else cfg.batch_size
+    bl = min(cfg.batch_size, x_l.shape[0]) if method == "supervised" else cfg.batch_size
     model.train()
     for step in range(total):
         li = torch.randint(0, x_l.shape[0], (bl,), generator=gen)
         xb, yb = x_l[li], y_l[li]
-        if method == "supervised":
-            loss = F.cross_entropy(model(aug.weak(xb)), yb)
-        else:
+        if method == "mixmatch":
             assert x_u is not None
             ub = x_u[torch.randint(0, n_u, (cfg.batch_size,), generator=gen)]
-            if method == "pseudo-label":
-                loss = _pseudo_label_loss(model, aug, xb, yb, ub, cfg)
-            else:
-                ramp = min(1.0, (step + 1) / max(1.0, cfg.rampup_fraction * total))
-                loss = _mixmatch_loss(model, aug, xb, yb, ub, n_classes, cfg, ramp, gen)
+            ramp = min(1.0, (step + 1) / max(1.0, cfg.rampup_fraction * total))
+            loss = _mixmatch_loss(model, aug, xb, yb, ub, n_classes, cfg, ramp, gen)
+        else:
+            loss = F.cross_entropy(model(aug(xb)), yb)
+            if method == "label-spreading":
+                assert pseudo_x is not None and pseudo_y is not None
+                pi = torch.randint(0, pseudo_x.shape[0], (cfg.batch_size,), generator=gen)
+                loss = loss + cfg.lambda_u * F.cross_entropy(model(aug(pseudo_x[pi])), pseudo_y[pi])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -213,24 +210,44 @@ def complete_model(bottom: nn.Module, n_classes: int, x_labelled: Any, y_labelle
     return model
 
 
-def _pseudo_label_loss(model: nn.Module, aug: _Augment, xb: torch.Tensor, yb: torch.Tensor, ub: torch.Tensor,
-                       cfg: CompletionConfig) -> torch.Tensor:
-    """Supervised CE + CE of strong views against confident predictions on weak views (consistency)."""
-    sup = F.cross_entropy(model(aug.weak(xb)), yb)
-    with torch.no_grad():
-        probs = F.softmax(model(aug.weak(ub)), dim=1)
-        conf, pseudo = probs.max(dim=1)
-        mask = (conf >= cfg.threshold).float()
-    unsup = (F.cross_entropy(model(aug.strong(ub)), pseudo, reduction="none") * mask).mean()
-    return sup + cfg.lambda_u * unsup
+@torch.no_grad()
+def _embed(bottom: nn.Module, x: torch.Tensor, batch_size: int = 4096) -> np.ndarray:
+    was_training = bottom.training
+    bottom.eval()
+    try:
+        return torch.cat([bottom(x[i : i + batch_size]).flatten(1) for i in range(0, x.shape[0], batch_size)]).numpy()
+    finally:
+        bottom.train(was_training)
+
+
+def _spread_labels(bottom: nn.Module, x_l: torch.Tensor, y_l: torch.Tensor, x_u: torch.Tensor, n_classes: int,
+                   cfg: CompletionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Confident pseudo-labels for unlabelled rows, spread from the known labels in the bottom's embedding space.
+
+    The trained bottom model maps rows of one class close together (that is what training asked of it), so labels
+    travel along its nearest-neighbour graph far better than in raw feature space.
+    """
+    from sklearn.semi_supervised import LabelSpreading
+
+    emb = _embed(bottom, torch.cat([x_l, x_u]))
+    emb = (emb - emb.mean(axis=0)) / np.maximum(emb.std(axis=0), 1e-6)
+    targets = np.concatenate([y_l.numpy(), np.full(x_u.shape[0], -1)])
+    spread = LabelSpreading(kernel="knn", n_neighbors=min(cfg.neighbours, len(targets) - 1),
+                            alpha=cfg.spreading_alpha, max_iter=1000)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spread.fit(emb, targets)
+    dist = np.nan_to_num(spread.label_distributions_[x_l.shape[0] :])
+    classes = spread.classes_[dist.argmax(axis=1)]
+    keep = dist.max(axis=1) >= cfg.threshold
+    return x_u[torch.as_tensor(keep)], torch.as_tensor(classes[keep], dtype=torch.int64)
 
 
 def _mixmatch_loss(model: nn.Module, aug: _Augment, xb: torch.Tensor, yb: torch.Tensor, ub: torch.Tensor,
                    n_classes: int, cfg: CompletionConfig, ramp: float, gen: torch.Generator) -> torch.Tensor:
     """MixMatch (Berthelot et al. 2019): guessed, sharpened labels for K views of U, then MixUp over X and U."""
-    xl = aug.weak(xb)
+    xl = aug(xb)
     pl = F.one_hot(yb, n_classes).float()
-    views = [aug.weak(ub) for _ in range(cfg.k_augment)]
+    views = [aug(ub) for _ in range(cfg.k_augment)]
     with torch.no_grad():
         guess = torch.stack([F.softmax(model(v), dim=1) for v in views]).mean(dim=0)
         guess = _sharpen(guess, cfg.temperature)
@@ -310,9 +327,10 @@ class PassiveModelCompletion(Attack):
         }
         if self.baselines:
             sup_cfg = replace(self.config, method="supervised")
-            sup = scores(complete_model(bottom, n_classes, x[ids], y_known, None, config=sup_cfg,
+            # Unlabelled rows are passed only so that the baselines train for as many steps as the attack.
+            sup = scores(complete_model(bottom, n_classes, x[ids], y_known, x[unknown], config=sup_cfg,
                                         image_shape=self.image_shape))
-            scratch = scores(complete_model(bottom, n_classes, x[ids], y_known, None, config=sup_cfg,
+            scratch = scores(complete_model(bottom, n_classes, x[ids], y_known, x[unknown], config=sup_cfg,
                                             image_shape=self.image_shape, scratch=True))
             details.update(supervised_bottom_train_accuracy=sup["train"], supervised_bottom_test_accuracy=sup["test"],
                            scratch_train_accuracy=scratch["train"], scratch_test_accuracy=scratch["test"])

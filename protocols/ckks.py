@@ -85,7 +85,10 @@ __all__ = [
     "CIPHERTEXT_KIND",
     "SUM_KIND",
     "pack",
+    "encrypt_vectors",
+    "serialize_vectors",
     "encrypt_chunks",
+    "load_vector",
 ]
 
 CONTEXT_KIND = register_kind("ckks-context")  # label party -> feature parties / aggregator: public context
@@ -239,7 +242,7 @@ class CKKSParams:
 
     def describe(self) -> dict[str, Any]:
         bits = self.coeff_mod_bit_sizes
-        middle = bits[1:-2] if len(bits) > 3 else ()
+        middle = bits[1:-1]  # between the first data prime and the special prime
         out = {
             **self.to_dict(),
             "spec": self.spec(),
@@ -294,7 +297,8 @@ def _new_vector(context: ts.Context, values: list[float]) -> Any:
     return ts.ckks_vector(context, values).data  # pragma: no cover
 
 
-def _load_vector(context: ts.Context, blob: bytes) -> Any:
+def load_vector(context: ts.Context, blob: bytes) -> Any:
+    """A serialised CKKS vector read back under ``context`` (TenSEAL raises on malformed bytes)."""
     if _NATIVE_VECTOR is not None:
         return _NATIVE_VECTOR(context.data, blob)
     return ts.ckks_vector_from(context, blob).data  # pragma: no cover
@@ -350,9 +354,18 @@ def pack(tensors: Mapping[str, torch.Tensor], slots: int) -> list[list[float]]:
     return _chunks(_flatten(tensors), slots)
 
 
+def encrypt_vectors(context: ts.Context, chunks: Sequence[list[float]]) -> list[Any]:
+    """Encrypt each chunk into one CKKS vector (TenSEAL's native vector objects)."""
+    return [_new_vector(context, chunk) for chunk in chunks]
+
+
+def serialize_vectors(vectors: Sequence[Any]) -> list[bytes]:
+    return [v.serialize() for v in vectors]
+
+
 def encrypt_chunks(context: ts.Context, chunks: Sequence[list[float]]) -> list[bytes]:
     """Encrypt each chunk into one CKKS vector and serialise it."""
-    return [_new_vector(context, chunk).serialize() for chunk in chunks]
+    return serialize_vectors(encrypt_vectors(context, chunks))
 
 
 @dataclass
@@ -387,7 +400,7 @@ class CKKSAggregation(Aggregation):
         if traits.aggregation == "concat":
             return [
                 f"CKKS needs sum or mean aggregation; algorithm {traits.name!r} concatenates embeddings — use vafl "
-                "or fdml, or --secagg mask / --he none"
+                "or fdml (they sum or average), or drop --he ckks (--he none)"
             ]
         return [
             f"CKKS needs sum or mean aggregation; algorithm {traits.name!r} combines no party outputs "
@@ -523,7 +536,7 @@ class CKKSAggregation(Aggregation):
 
     def _vector(self, ctx: ts.Context, blob: bytes, who: str, index: int, size: int) -> Any:
         try:
-            vec = _load_vector(ctx, bytes(blob))
+            vec = load_vector(ctx, bytes(blob))
         except (ValueError, RuntimeError, TypeError) as exc:
             raise ProtocolError(
                 f"ciphertext {index} from {who} is not a valid CKKS ciphertext for parameters {self.params.spec()} "

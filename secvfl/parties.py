@@ -108,9 +108,15 @@ class FeatureParty(_Party):
         device: torch.device,
         dtype: torch.dtype = torch.float32,
         output_kind: str = "embedding",
+        observed: dict[str, np.ndarray] | None = None,
     ) -> None:
         super().__init__(name, device, dtype)
         self._x = {s: torch.as_tensor(b, dtype=dtype).to(device) for s, b in blocks.items()}
+        # Which of the aligned rows this party actually holds (missing blocks); its output is zero elsewhere.
+        self._observed = {
+            s: torch.as_tensor(m, dtype=dtype, device=device)[:, None]
+            for s, m in (observed or {}).items() if not np.all(m)
+        }
         self.model = model.to(device=device, dtype=dtype)
         self.optimizer = optimizer
         self.output_kind = output_kind
@@ -121,14 +127,15 @@ class FeatureParty(_Party):
 
     def forward(self, step: int, split: str, ids: np.ndarray, receiver: str, *, train: bool = True) -> Message:
         """Compute the bottom-model output on rows ``ids`` and wrap it for ``receiver``."""
-        x = self._x[split][torch.as_tensor(ids, device=self.device)]
+        idx = torch.as_tensor(ids, device=self.device)
+        x = self._x[split][idx]
         self.model.train(train)
-        if train:
+        with torch.set_grad_enabled(train):
             out = self.model(x)
+            if split in self._observed:  # in-graph, so rows it does not hold get no gradient either
+                out = out * self._observed[split][idx]
+        if train:
             self._pending = out
-        else:
-            with torch.no_grad():
-                out = self.model(x)
         return Message(self.output_kind, self.name, receiver, step, {self.output_kind: out.detach()})
 
     def backward(self, message: Message) -> None:

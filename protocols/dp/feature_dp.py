@@ -28,7 +28,7 @@ from torch.func import functional_call, grad, vmap
 
 from protocols.dp.accounting import GaussianEvent
 from protocols.dp.label_dp import check_dp_module
-from protocols.dp.mechanisms import FEATURE_NEIGHBOURING, CLIP_MARGIN, clip_jointly
+from protocols.dp.mechanisms import CLIP_MARGIN, FEATURE_NEIGHBOURING, clip_jointly
 from protocols.dp.rng import NoiseSource
 from secvfl.errors import ConfigError
 

@@ -30,6 +30,7 @@ from secvfl.errors import ConfigError, DataError
 
 __all__ = [
     "rr_keep_probability",
+    "rr_other_probability",
     "rr_transition_matrix",
     "randomized_response",
     "rr_with_prior_set_sizes",
@@ -61,10 +62,16 @@ def rr_keep_probability(epsilon: float, n_classes: int) -> float:
     return 1.0 / (1.0 + (n_classes - 1) * math.exp(-epsilon))
 
 
+def rr_other_probability(epsilon: float, n_classes: int) -> float:
+    """Probability of reporting one particular wrong label, ``1 / (e^eps + K - 1)`` (computed without cancellation)."""
+    _check_eps(epsilon)
+    return math.exp(-epsilon) / (1.0 + (n_classes - 1) * math.exp(-epsilon))
+
+
 def rr_transition_matrix(epsilon: float, n_classes: int) -> np.ndarray:
     """``T[i, j] = P(report j | true label i)``; rows sum to 1 (for loss correction on randomised labels)."""
     keep = rr_keep_probability(epsilon, n_classes)
-    other = (1.0 - keep) / (n_classes - 1)
+    other = rr_other_probability(epsilon, n_classes)
     t = np.full((n_classes, n_classes), other)
     np.fill_diagonal(t, keep)
     return t
@@ -73,11 +80,12 @@ def rr_transition_matrix(epsilon: float, n_classes: int) -> np.ndarray:
 def randomized_response(labels: np.ndarray | torch.Tensor, n_classes: int, epsilon: float, rng: NoiseSource) -> np.ndarray:
     """``K``-ary randomized response on each label independently (``epsilon``-label-DP per sample)."""
     y = _labels(labels, n_classes)
-    keep = rr_keep_probability(epsilon, n_classes)
+    # Compare against the (small) flip probability, not 1 - keep: no cancellation for large epsilon.
+    flip = (n_classes - 1) * rr_other_probability(epsilon, n_classes)
     u = rng.uniform(y.size)
     other = rng.integers(n_classes - 1, y.size)  # uniform over the K - 1 other labels ...
     other = other + (other >= y)  # ... skipping the true one
-    return np.where(u < keep, y, other).astype(np.int64)
+    return np.where(u < flip, other, y).astype(np.int64)
 
 
 def rr_with_prior_set_sizes(priors: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
@@ -106,12 +114,12 @@ def rr_with_prior(
     order, k = rr_with_prior_set_sizes(p, epsilon)
     rank_of_y = np.argmax(order == y[:, None], axis=1)  # position of the true label in the sorted prior
     in_set = rank_of_y < k
-    keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))
+    flip = (k - 1.0) * math.exp(-epsilon) / (1.0 + (k - 1.0) * math.exp(-epsilon))
     u = rng.uniform(y.size)
     # In the set, not kept: uniform over the k - 1 other members; not in the set: uniform over all k members.
     draw = rng.integers(np.where(in_set, np.maximum(k - 1, 1), k))
     rank = np.where(in_set, draw + (draw >= rank_of_y), draw)
-    rank = np.where(in_set & ((u < keep) | (k == 1)), rank_of_y, rank)
+    rank = np.where(in_set & ((u >= flip) | (k == 1)), rank_of_y, rank)
     return np.take_along_axis(order, rank[:, None], axis=1)[:, 0].astype(np.int64)
 
 
@@ -122,10 +130,11 @@ def rr_with_prior_probabilities(prior: np.ndarray, epsilon: float) -> np.ndarray
     k, top = int(ks[0]), order[0, : int(ks[0])]
     n = p.shape[1]
     keep = 1.0 / (1.0 + (k - 1.0) * math.exp(-epsilon))
+    other = math.exp(-epsilon) / (1.0 + (k - 1.0) * math.exp(-epsilon))
     out = np.zeros((n, n))
     for y in range(n):
         if y in top:
-            out[y, top] = (1.0 - keep) / (k - 1) if k > 1 else 0.0
+            out[y, top] = other
             out[y, y] = keep
         else:
             out[y, top] = 1.0 / k

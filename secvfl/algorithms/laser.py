@@ -77,13 +77,16 @@ class LaserParty:
         self.f = representation.to(device=device, dtype=dtype)
         self.g = head.to(device=device, dtype=dtype)
         opt_name, lr, wd = optimizer_spec
-        self.optimizer = make_optimizer_fast([*self.f.parameters(), *self.g.parameters()], opt_name, lr, wd)
+        self._f_params = [p for p in self.f.parameters() if p.requires_grad]
+        self._g_params = [p for p in self.g.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer_fast([*self._f_params, *self._g_params], opt_name, lr, wd)
         self.n_classes = n_classes
         self.loss_fn = per_sample_loss(n_classes)
         self._rng = np.random.default_rng([int(seed), _TASK_SALT, self.index])
         self._rep: torch.Tensor | None = None  # f_k(x) of the current training batch, with its graph
         self._own_grad: torch.Tensor | None = None
         self._peers: tuple[str, ...] = ()
+        self._training: bool | None = None
 
     def __repr__(self) -> str:  # never print data or models
         return f"LaserParty({self.name!r})"
@@ -91,11 +94,18 @@ class LaserParty:
     def rows(self, split: str) -> int:
         return int(self._x[split].shape[0])
 
+    def _mode(self, train: bool) -> None:
+        # Module.train() walks every submodule; switch only when the mode changes (it is per step otherwise).
+        if self._training is not train:
+            self.f.train(train)
+            self.g.train(train)
+            self._training = train
+
     # -- training step ----------------------------------------------------------------------------------------
     def represent(self, step: int, split: str, ids: np.ndarray, peers: Sequence[str], *, train: bool) -> list[Message]:
         """``f_k`` on rows ``ids``: one embedding message per peer (the other observed parties)."""
         x = self._x[split][torch.as_tensor(ids, device=self.device)]
-        self.f.train(train)
+        self._mode(train)
         if train:
             out = self.f(x)
             self._rep, self._own_grad, self._peers = out, None, tuple(peers)
@@ -130,18 +140,19 @@ class LaserParty:
         table = TaskTable.of(self.index, tuple(observed))
         _, matrix = table.draw(self._rng)
         y = self._y["train"][torch.as_tensor(ids, device=self.device)]
-        self.g.train()
-        self.optimizer.zero_grad(set_to_none=True)
         loss, _ = weighted_task_loss(self.g, reps, matrix.to(device=self.device, dtype=self.dtype),
                                      table.weights.to(device=self.device), y, self.loss_fn)
-        loss.backward()
-        grads = reps.grad
+        # autograd.grad instead of backward(): gradients are written, not accumulated, so no zero_grad pass.
+        grads = torch.autograd.grad(loss, [reps, *self._g_params])
+        for p, gp in zip(self._g_params, grads[1:], strict=True):
+            p.grad = gp
+        rep_grads = grads[0]
         out = []
         for i, (k, name) in enumerate(zip(observed, names, strict=True)):
             if k == self.index:
-                self._own_grad = grads[i]
+                self._own_grad = rep_grads[i]
             else:
-                out.append(Message("gradient", self.name, name, step, {"gradient": grads[i]}))
+                out.append(Message("gradient", self.name, name, step, {"gradient": rep_grads[i]}))
         return float(loss.detach()), out
 
     def apply_gradients(self, received: Sequence[Message]) -> None:
@@ -159,7 +170,8 @@ class LaserParty:
             senders.add(m.sender)
         if senders != set(self._peers):
             raise PartyIsolationError(f"{self.name} expected gradients from {sorted(self._peers)}, got {sorted(senders)}")
-        self._rep.backward(total)
+        for p, gp in zip(self._f_params, torch.autograd.grad(self._rep, self._f_params, total), strict=True):
+            p.grad = gp
         self.optimizer.step()
         self._rep = self._own_grad = None
 
@@ -168,7 +180,7 @@ class LaserParty:
     def predict(self, observed: Sequence[int], names: Sequence[str], received: dict[str, Message]) -> torch.Tensor:
         """Class probabilities of ``h_(k, observed)`` for the rows of the last :meth:`represent` (train=False)."""
         reps = self._stack(self._eval_rep, observed, names, received)
-        self.g.eval()
+        self._mode(False)
         return probabilities(self.g(reps.mean(dim=0)), self.n_classes)
 
     @torch.no_grad()
@@ -178,7 +190,7 @@ class LaserParty:
             raise ConfigError(f"party {self.index} has no predictor for {subset}: the set must contain it")
         matrix = averaging_matrix([subset], list(reps_by_party), dtype=self.dtype)
         stacked = torch.stack(list(reps_by_party.values()))
-        self.g.eval()
+        self._mode(False)
         return self.g((matrix @ stacked.reshape(len(reps_by_party), -1)).reshape(stacked.shape[1:]))
 
     # -- state ------------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ class _SplitBase(Algorithm):
                 FeatureParty(
                     name, blocks, bottom, make_optimizer(bottom.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay),
                     device=ctx.device, dtype=ctx.dtype, output_kind=self.output_kind,
+                    observed={s: ctx.masks[s][:, k] for s in ("train", "val", "test")},
                 )
             )
         head = self.make_head(out_dim, n_out)
@@ -80,15 +81,7 @@ class _SplitBase(Algorithm):
         return torch.as_tensor(1.0 / counts, dtype=self.ctx.dtype, device=self.ctx.device)[:, None]
 
     def _forward_all(self, split: str, ids: np.ndarray, train: bool) -> list[Message]:
-        mask = self.ctx.masks[split][ids]
-        msgs = []
-        for k, fp in enumerate(self.feature_parties):
-            m = fp.forward(self.step, split, ids, LABEL_PARTY, train=train)
-            if not mask[:, k].all():  # the party zeroes rows it does not hold (it knows its own rows)
-                t = m.tensor(self.output_kind) * torch.as_tensor(mask[:, k], dtype=self.ctx.dtype)[:, None]
-                m = m.replace(tensors={self.output_kind: t})
-            msgs.append(m)
-        return msgs
+        return [fp.forward(self.step, split, ids, LABEL_PARTY, train=train) for fp in self.feature_parties]
 
     def _deliver(self, msgs: list[Message]) -> list[Message]:
         if self.aggregation == "concat":

@@ -154,10 +154,16 @@ class TaskTable:
             table = cls._cache[key] = cls(party, observed)
         return table
 
+    def sample_rows(self, rng: np.random.Generator) -> np.ndarray:
+        """Rows of ``subsets``/``matrix``: one uniform index per size class (floor of a uniform times the class size)."""
+        if not self.enumerated:
+            raise ConfigError(f"{self.n} observed parties are too many to enumerate; use draw() or sample()")
+        return self.offsets + np.minimum((rng.random(self.n) * self.counts).astype(np.int64), self.counts - 1)
+
     def sample(self, rng: np.random.Generator) -> list[Subset]:
         """One uniform subset per size ``1..n`` (each contains ``party``), in size order."""
         if self.enumerated:
-            return [self.subsets[r] for r in self.offsets + rng.integers(0, self.counts)]
+            return [self.subsets[r] for r in self.sample_rows(rng)]
         return [(self.party,)] + [
             as_subset((self.party, *rng.choice(self._others, size=j - 1, replace=False).tolist()))
             for j in range(2, self.n + 1)
@@ -166,7 +172,7 @@ class TaskTable:
     def draw(self, rng: np.random.Generator) -> tuple[list[Subset], torch.Tensor]:
         """Sampled tasks and their (n, n) averaging matrix, rows in size order (to pair with ``weights``)."""
         if self.enumerated:
-            rows = self.offsets + rng.integers(0, self.counts)
+            rows = self.sample_rows(rng)
             return [self.subsets[r] for r in rows], self.matrix[torch.from_numpy(rows)]
         tasks = self.sample(rng)
         return tasks, averaging_matrix(tasks, self.observed)
@@ -204,16 +210,21 @@ def subset_means(reps: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
 
 
 def per_sample_loss(n_classes: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Unreduced loss matching :func:`secvfl.models.output_dim`: BCE on one logit for 2 classes, else softmax CE."""
+    """Unreduced loss for logits (S, B, out) and labels (B,) -> (S, B), matching :func:`secvfl.models.output_dim`:
+    BCE on one logit for 2 classes, softmax cross-entropy otherwise. Labels are broadcast, not copied, per subset."""
     if n_classes == 2:
-        return lambda logits, y: F.binary_cross_entropy_with_logits(
-            logits.reshape(-1), y.to(logits.dtype), reduction="none"
-        )
-    return lambda logits, y: F.cross_entropy(logits, y, reduction="none")
+
+        def bce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            z = logits.squeeze(-1)
+            return F.binary_cross_entropy_with_logits(z, y.to(z.dtype).expand_as(z), reduction="none")
+
+        return bce
+    return _cross_entropy
 
 
 def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, y, reduction="none")
+    S, B, C = logits.shape
+    return F.cross_entropy(logits.reshape(S * B, C), y.repeat(S), reduction="none").reshape(S, B)
 
 
 def weighted_task_loss(
@@ -226,15 +237,15 @@ def weighted_task_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``sum_s weights[s] * mean_batch loss(head(mean of subset s), targets)`` with one head call for all subsets.
 
-    ``loss_fn(logits, y)`` returns per-sample losses (default: softmax cross-entropy). Returns the scalar loss and
-    the logits, shape (S, B, C).
+    ``loss_fn(logits (S, B, C), y (B,))`` returns per-sample losses (S, B) (default: softmax cross-entropy).
+    Returns the scalar loss and the logits, shape (S, B, C).
     """
     fused = subset_means(reps, matrix)  # (S, B, d)
     S, B = fused.shape[0], fused.shape[1]
-    logits = head(fused.reshape(S * B, *fused.shape[2:]))
-    per_sample = (loss_fn or _cross_entropy)(logits, targets.repeat(S)).reshape(S, B)
-    loss = (per_sample.mean(dim=1) * weights.to(per_sample.dtype)).sum()
-    return loss, logits.reshape(S, B, -1)
+    logits = head(fused.reshape(S * B, *fused.shape[2:])).reshape(S, B, -1)
+    per_sample = (loss_fn or _cross_entropy)(logits, targets)
+    loss = per_sample.mean(dim=1) @ weights.to(per_sample.dtype)
+    return loss, logits
 
 
 def full_objective(loss_of: Callable[[int, Subset], float | torch.Tensor], observed: Sequence[int]):

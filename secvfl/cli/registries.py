@@ -28,6 +28,7 @@ ATTACK_COMMANDS: Registry[Command] = Registry("attack command")
 
 PLUGIN_MODULES: list[str] = [
     "secvfl.bench.overhead",
+    "secvfl.bench.crypto",
 ]
 _loaded = False
 

@@ -33,6 +33,8 @@ def read_idx(path: Path) -> np.ndarray:
     zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
     if zero != 0 or dtype_code != 0x08:
         raise DataError(f"{path} is not an unsigned-byte IDX file (magic {data[:4].hex()})")
+    if len(data) < 4 + 4 * ndim:
+        raise DataError(f"{path} is truncated inside its IDX header")
     dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     offset = 4 + 4 * ndim
     expected = int(np.prod(dims))

@@ -1,0 +1,409 @@
+"""CKKS aggregation: decryption error bounds, who holds which key, who receives what, refusal of bad input."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+import pytest
+import tenseal as ts
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocols.base import AlgorithmTraits, Role
+from protocols.ckks import (
+    CIPHERTEXT_KIND,
+    HE_STANDARD_MAX_BITS,
+    PRESETS,
+    SUM_KIND,
+    CKKSAggregation,
+    CKKSParameterWarning,
+    CKKSParams,
+    pack,
+)
+from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
+from secvfl.messages import Message, decode, encode
+from secvfl.transport.inprocess import InProcessTransport
+from secvfl.transport.network import Network
+
+AGG = "agg"
+LABEL = "label"
+
+
+def roles(k: int) -> dict[str, Role]:
+    return {LABEL: Role.LABEL, AGG: Role.AGGREGATOR, **{f"p{i}": Role.FEATURE for i in range(k)}}
+
+
+def embeddings(xs: list[torch.Tensor], step: int, kind: str = "embedding") -> list[Message]:
+    return [Message(kind, f"p{i}", LABEL, step, {kind: x}) for i, x in enumerate(xs)]
+
+
+_steps = itertools.count(1000)
+
+
+@pytest.fixture(scope="module")
+def networks():
+    """One network (and so one key pair and one context hand-out) per party count, shared by every example."""
+    cache: dict[int, tuple[Network, CKKSAggregation]] = {}
+
+    def get(k: int) -> tuple[Network, CKKSAggregation]:
+        if k not in cache:
+            agg = CKKSAggregation()
+            cache[k] = (Network(roles(k), aggregation=agg), agg)
+        return cache[k]
+
+    return get
+
+
+# -- parameters ---------------------------------------------------------------------------------------------------
+
+
+def test_default_parameters_are_the_issue_defaults_and_128_bit_secure():
+    p = CKKSParams()
+    assert (p.poly_modulus_degree, p.coeff_mod_bit_sizes, p.scale_bits) == (8192, (60, 40, 40, 60), 40)
+    assert p.slots == 4096 and p.total_bits == 200 <= HE_STANDARD_MAX_BITS[8192] == 218
+    d = p.describe()
+    assert d["max_coeff_modulus_bits_128"] == 218 and d["slots_per_ciphertext"] == 4096
+    assert 1e-8 < p.error_bound_per_party < 1e-6
+
+
+def test_security_table_matches_seal():
+    from tenseal import sealapi
+
+    for n, bits in HE_STANDARD_MAX_BITS.items():
+        assert sealapi.CoeffModulus.MaxBitCount(n, sealapi.SEC_LEVEL_TYPE.TC128) == bits
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("8192:60,60,60,60:40", "218-bit maximum for 128-bit security"),
+        ("4096:60,40,40:40", "N=8192"),  # the hint names the degree that would fit
+        ("3000:60,40:40", "not supported"),
+        ("8192:61,40,60:40", "2..60 bits"),
+        ("8192:60:40", "at least one data prime and the special prime"),
+        ("8192:30,60:25", "integer part"),
+        ("8192:60,40,60:0", "scale bits"),
+        ("32768:20,20,20,20,20,20,20,20:10", "cannot find distinct primes"),
+        ("8192;60,40", "cannot read --ckks-params"),
+        ("fast", "cannot read --ckks-params"),
+    ],
+)
+def test_invalid_parameters_are_refused_with_the_reason(spec, needle):
+    with pytest.raises(ConfigError) as info:
+        CKKSParams.parse(spec)
+    assert needle in str(info.value)
+
+
+def test_parse_presets_and_specs():
+    assert CKKSParams.parse(None) == CKKSParams() == PRESETS["default"] == CKKSParams.parse("8192:60,40,40,60:40")
+    compact = CKKSParams.parse("compact")
+    assert compact.coeff_mod_bit_sizes == (60, 60) and compact.spec() == "8192:60,60:40"
+    assert CKKSParams.parse(compact.spec()) == compact
+    assert CKKSParams.parse(" 16384 : 60, 40, 40, 60 : 40 ").slots == 8192
+
+
+def test_low_precision_parameters_warn():
+    with pytest.warns(CKKSParameterWarning, match="raise the scale"):
+        CKKSParams.parse("8192:60,60:20")
+    with pytest.warns(CKKSParameterWarning, match="headroom"):
+        CKKSParams.parse("8192:50,60:40")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CKKSParams.parse("compact")
+        CKKSParams.parse("default")
+
+
+# -- validity for algorithms and topologies --------------------------------------------------------------------------
+
+
+def test_check_accepts_sums_and_means_and_refuses_concatenation():
+    agg = CKKSAggregation()
+    for how in ("sum", "mean", "subset-mean"):
+        assert agg.check(AlgorithmTraits("x", aggregation=how)) == []
+    (problem,) = agg.check(AlgorithmTraits("splitnn", aggregation="concat"))
+    assert "CKKS needs sum or mean aggregation" in problem and "'splitnn' concatenates" in problem and "vafl" in problem
+    assert agg.check(AlgorithmTraits("local", aggregation="none"))
+    with pytest.raises(UnsupportedError, match="concatenates embeddings"):
+        Network(roles(2), aggregation=CKKSAggregation(), traits=AlgorithmTraits("splitnn", aggregation="concat"))
+
+
+def test_topology_needs_an_aggregator_and_two_feature_parties():
+    no_aggregator = {LABEL: Role.LABEL, "p0": Role.FEATURE, "p1": Role.FEATURE}
+    with pytest.raises(UnsupportedError, match="needs an aggregator party"):
+        Network(no_aggregator, aggregation=CKKSAggregation())
+    with pytest.raises(UnsupportedError, match="at least 2 feature parties"):
+        Network(roles(1), aggregation=CKKSAggregation())
+
+
+# -- correctness -------------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    k=st.integers(2, 5),
+    batch=st.integers(1, 300),
+    dim=st.integers(1, 70),
+    op=st.sampled_from(["sum", "mean"]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_decrypted_aggregate_matches_plaintext_within_the_stated_bound(networks, k, batch, dim, op, dtype, seed):
+    net, agg = networks(k)
+    rng = np.random.default_rng(seed)
+    xs = [torch.from_numpy(rng.uniform(-100, 100, size=(batch, dim))).to(dtype) for _ in range(k)]
+    out = net.aggregate(embeddings(xs, next(_steps)), LABEL, op).tensor("embedding")
+    assert out.shape == (batch, dim) and out.dtype == dtype
+
+    exact = torch.stack([x.double() for x in xs]).sum(0)
+    bound = agg.params.error_bound(k)
+    if op == "mean":
+        exact, bound = exact / k, bound / k
+    err = (out.double() - exact).abs()
+    rounding = torch.finfo(dtype).eps * exact.abs()  # the final cast to the input dtype
+    assert (err <= bound + rounding).all(), float((err - rounding).max())
+    assert (err <= 1e-5 * exact.abs().clamp(min=1.0)).all()  # 1e-5 relative for values in [-100, 100]
+
+
+def test_several_tensors_per_message_keep_names_shapes_and_dtypes(networks):
+    net, agg = networks(3)
+    gen = torch.Generator().manual_seed(1)
+    msgs = [
+        Message("logits", f"p{i}", LABEL, next(_steps),
+                {"a": torch.randn(5, 3, generator=gen), "b": torch.randn(7, dtype=torch.float64, generator=gen),
+                 "c": torch.randn(2, 2, 2, generator=gen).half()})
+        for i in range(3)
+    ]
+    out = net.aggregate(msgs, LABEL, "sum")
+    assert out.sender == "aggregate" and out.kind == "logits" and out.meta["parties"] == 3
+    for name in ("a", "b", "c"):
+        want = sum(m.tensor(name).double() for m in msgs)
+        got = out.tensor(name)
+        assert got.dtype == msgs[0].tensor(name).dtype and got.shape == want.shape
+        tol = agg.params.error_bound(3) + torch.finfo(got.dtype).eps * want.abs()
+        assert ((got.double() - want).abs() <= tol).all()
+
+
+def test_packing_uses_as_few_ciphertexts_as_possible():
+    chunks = pack({"e": torch.zeros(256, 64), "f": torch.zeros(3)}, 4096)
+    assert [len(c) for c in chunks] == [4096, 4096, 4096, 4096, 3]
+    assert pack({}, 4096) == []
+
+
+# -- roles, keys and who receives what ----------------------------------------------------------------------------
+
+
+def test_keys_and_routing_follow_the_trust_model():
+    k = 3
+    agg = CKKSAggregation()
+    net = Network(roles(k), aggregation=agg)
+    views = {p: net.record(p) for p in [LABEL, AGG, "p0"]}
+    xs = [torch.full((256, 64), float(i + 1)) for i in range(k)]
+    out = net.aggregate(embeddings(xs, 0), LABEL, "sum")
+    assert torch.allclose(out.tensor("embedding"), torch.full((256, 64), 6.0), atol=1e-4)
+
+    # Key material: the secret key only with the label party; the aggregator cannot even encrypt.
+    label_ctx, agg_ctx = agg.context_of(LABEL), agg.context_of(AGG)
+    assert label_ctx.has_secret_key()
+    assert not agg_ctx.has_secret_key() and not agg_ctx.has_public_key()
+    for i in range(k):
+        ctx = agg.context_of(f"p{i}")
+        assert ctx.is_public() and ctx.has_public_key() and not ctx.has_secret_key()
+        assert not ctx.has_galois_keys() and not ctx.has_relin_keys()
+
+    # Routing: ciphertexts go to the aggregator; the label party gets only the sum, from the aggregator.
+    links = net.stats.bytes_by_link
+    assert not any(link.startswith("p") and link.endswith(f"->{LABEL}") for link in links)
+    assert all(links[f"p{i}->{AGG}"] > 0 for i in range(k)) and links[f"{AGG}->{LABEL}"] > 0
+    assert [(m.kind, m.sender) for m in views[LABEL].received] == [(SUM_KIND, AGG)]
+    assert {m.kind for m in views[AGG].received} == {"ckks-context", CIPHERTEXT_KIND}
+    assert all(not m.tensors for m in views[AGG].received)  # nothing in the clear
+    assert net.transport.pending() == 0
+
+
+def test_byte_accounting_shows_the_ciphertext_expansion():
+    net = Network(roles(2), aggregation=CKKSAggregation())
+    xs = [torch.randn(256, 64) for _ in range(2)]
+    net.aggregate(embeddings(xs, 0), LABEL, "mean")
+    stats = net.stats
+    plaintext = 256 * 64 * 4
+    per_party = stats.bytes_by_link[f"p0->{AGG}"]
+    assert stats.messages_by_kind[CIPHERTEXT_KIND] == 2
+    assert 15 * plaintext < per_party <= 22 * plaintext  # ~20x at the default parameters (4 ciphertexts)
+    assert stats.bytes_by_kind[CIPHERTEXT_KIND] == stats.bytes_by_link[f"p0->{AGG}"] + stats.bytes_by_link[f"p1->{AGG}"]
+    assert stats.bytes_by_kind["ckks-context"] > 2 * 400_000  # the public key, once per feature party
+    net.aggregate(embeddings(xs, 1), LABEL, "mean")
+    assert stats.messages_by_kind["ckks-context"] == 3  # handed out once, not per step
+
+
+def test_a_public_context_cannot_decrypt(networks):
+    net, agg = networks(2)
+    msgs = embeddings([torch.ones(4, 4), torch.ones(4, 4)], next(_steps))
+    net.aggregate(msgs, LABEL, "sum")  # hands out the contexts
+    ct = agg.encrypt_message(msgs[0], AGG, ["p0", "p1"])
+    for party in ("p0", "p1", AGG):
+        with pytest.raises(ProtocolError, match="holds no CKKS secret key"):
+            agg.decrypt(party, ct)
+    # Not just our guard: TenSEAL itself cannot decrypt with the key material a feature party holds.
+    vec = ts.ckks_vector_from(agg.context_of("p1"), ct.blobs["c0"])
+    with pytest.raises(ValueError, match="secret"):
+        vec.decrypt()
+    assert torch.allclose(agg.decrypt(LABEL, ct)["embedding"], torch.ones(4, 4), atol=1e-5)
+
+
+def test_a_context_carrying_the_secret_key_is_refused():
+    agg = CKKSAggregation()
+    Network(roles(2), aggregation=agg)
+    leaky = ts.context(ts.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=[60, 40, 40, 60])
+    msg = Message("ckks-context", LABEL, "p0", blobs={"context": leaky.serialize(save_secret_key=True)})
+    with pytest.raises(ProtocolError, match="carrying a secret key"):
+        agg._install("p0", msg, needs_public_key=True)
+    weak = ts.context(ts.SCHEME_TYPE.CKKS, 4096, coeff_mod_bit_sizes=[40, 20, 40])
+    msg = Message("ckks-context", LABEL, "p0", blobs={"context": weak.serialize()})
+    with pytest.raises(ProtocolError, match="refuses the CKKS context"):
+        agg._install("p0", msg, needs_public_key=True)
+
+
+# -- refusal of bad input ------------------------------------------------------------------------------------------
+
+
+class TamperingTransport(InProcessTransport):
+    """Replaces the ciphertexts one party sends to the aggregator (a corrupted link or a faulty party)."""
+
+    def __init__(self, victim: str, mutate) -> None:
+        super().__init__()
+        self.victim, self.mutate = victim, mutate
+
+    def put(self, sender: str, receiver: str, kind: str, data: bytes) -> None:
+        if kind == CIPHERTEXT_KIND and sender == self.victim:
+            msg = decode(data)
+            data = encode(msg.replace(blobs={n: self.mutate(b) for n, b in msg.blobs.items()}))
+        super().put(sender, receiver, kind, data)
+
+
+def _tampered_round(mutate, shape=(4, 8)):
+    net = Network(roles(2), transport=TamperingTransport("p1", mutate), aggregation=CKKSAggregation())
+    net.aggregate(embeddings([torch.ones(*shape), torch.ones(*shape)], 0), LABEL, "sum")
+
+
+def test_truncated_ciphertext_is_refused():
+    with pytest.raises(ProtocolError, match=r"ciphertext 0 from p1 is not a valid CKKS ciphertext.*truncated"):
+        _tampered_round(lambda b: b[: len(b) // 2])
+
+
+def test_garbage_ciphertext_is_refused():
+    with pytest.raises(ProtocolError, match="from p1 is not a valid CKKS ciphertext"):
+        _tampered_round(lambda b: bytes(len(b)))
+
+
+def test_ciphertext_under_other_parameters_is_refused():
+    other = ts.context(ts.SCHEME_TYPE.CKKS, 4096, coeff_mod_bit_sizes=[40, 20, 40])
+    other.global_scale = 2**20
+    with pytest.raises(ProtocolError, match="from p1 is not a valid CKKS ciphertext"):
+        _tampered_round(lambda b: ts.ckks_vector(other, [1.0] * 32).serialize())
+
+
+def test_ciphertext_of_wrong_length_or_scale_is_refused(networks):
+    net, agg = networks(2)
+    net.aggregate(embeddings([torch.ones(2), torch.ones(2)], next(_steps)), LABEL, "sum")
+    public = agg.context_of("p1")
+    msgs = embeddings([torch.ones(4, 8), torch.ones(4, 8)], next(_steps))
+    good = [agg.encrypt_message(m, AGG, ["p0", "p1"]) for m in msgs]
+    short = good[1].replace(blobs={"c0": ts.ckks_vector(public, [1.0] * 10).serialize()})
+    with pytest.raises(ProtocolError, match="holds 10 values, expected 32"):
+        agg.add_messages(AGG, [good[0], short], LABEL)
+    rescaled = good[1].replace(blobs={"c0": ts.ckks_vector(public, [1.0] * 32, scale=2**30).serialize()})
+    with pytest.raises(ProtocolError, match="not a fresh ciphertext"):
+        agg.add_messages(AGG, [good[0], rescaled], LABEL)
+    missing = good[1].replace(blobs={})
+    with pytest.raises(ProtocolError, match="sent 0 ciphertexts, expected 1"):
+        agg.add_messages(AGG, [good[0], missing], LABEL)
+
+
+def test_out_of_range_and_non_finite_values_are_refused_before_encryption():
+    net = Network(roles(2), aggregation=CKKSAggregation("compact"))  # sums must stay below 2^18
+    with pytest.raises(ProtocolError, match="above 1.311e\\+05, the most a sum over 2 parties"):
+        net.aggregate(embeddings([torch.full((2, 2), 2e5), torch.ones(2, 2)], 0), LABEL, "sum")
+    with pytest.raises(ProtocolError, match="NaN or infinite"):
+        net.aggregate(embeddings([torch.tensor([1.0, math.nan]), torch.ones(2)], 1), LABEL, "sum")
+    assert net.stats.messages_by_kind.get(CIPHERTEXT_KIND, 0) == 0  # nothing left a party
+
+
+def test_bad_calls_are_refused(networks):
+    net, _ = networks(3)
+    step = next(_steps)
+    with pytest.raises(UnsupportedError, match="only to the key holder"):
+        net.aggregate(embeddings([torch.ones(2)] * 2, step), "p2", "sum")
+    with pytest.raises(UnsupportedError, match="'sum' or 'mean'"):
+        net.aggregate(embeddings([torch.ones(2)] * 2, step), LABEL, "max")
+    with pytest.raises(ProtocolError, match="adds real numbers"):
+        net.aggregate(embeddings([torch.ones(2, dtype=torch.int64)] * 2, step), LABEL, "sum")
+    with pytest.raises(ProtocolError, match="do not match"):
+        net.aggregate(embeddings([torch.ones(2), torch.ones(3)], step), LABEL, "sum")
+    with pytest.raises(ProtocolError, match="two messages from one party"):
+        net.aggregate([Message("embedding", "p0", LABEL, step, {"embedding": torch.ones(2)})] * 2, LABEL, "sum")
+    with pytest.raises(ProtocolError, match="not feature parties"):
+        net.aggregate([Message("embedding", p, LABEL, step, {"embedding": torch.ones(2)}) for p in ("p0", AGG)],
+                      LABEL, "sum")
+
+
+# -- disclosure control -----------------------------------------------------------------------------------------------
+
+
+def test_a_sum_over_one_party_is_refused(networks):
+    net, _ = networks(3)
+    with pytest.raises(UnsupportedError, match="at least 2 parties"):
+        net.aggregate(embeddings([torch.ones(2)], next(_steps)), LABEL, "sum")
+
+
+def test_subset_sums_that_isolate_a_party_are_refused(networks):
+    net, _ = networks(3)
+    step = next(_steps)
+    xs = [torch.randn(4, 2) for _ in range(3)]
+    msgs = embeddings(xs, step)
+    net.aggregate(msgs, LABEL, "mean")
+    net.aggregate(msgs, LABEL, "mean")  # the same subset again reveals nothing new
+    with pytest.raises(ProtocolError, match=r"solve for the output of p2"):
+        net.aggregate(msgs[:2], LABEL, "mean")  # {p0,p1,p2} - {p0,p1} = p2
+    # Overlapping pairs do not isolate anyone: (1,1,0) and (0,1,1) span no unit vector.
+    step = next(_steps)
+    msgs = embeddings(xs, step)
+    net.aggregate(msgs[:2], LABEL, "sum")
+    net.aggregate(msgs[1:], LABEL, "sum")
+    with pytest.raises(ProtocolError, match="solve for the output of"):
+        net.aggregate(msgs, LABEL, "sum")
+    # A new step is new data: the same subsets are fine again.
+    net.aggregate(embeddings(xs, next(_steps))[:2], LABEL, "sum")
+
+
+# -- benchmark ------------------------------------------------------------------------------------------------------
+
+
+def test_crypto_bench_reports_costs_bytes_and_acceptance():
+    import argparse
+
+    from secvfl.bench.crypto import CryptoBench
+    from secvfl.cli.registries import BENCHES, load_command_plugins
+
+    load_command_plugins()
+    assert isinstance(BENCHES.get("crypto"), CryptoBench)
+    parser = argparse.ArgumentParser()
+    CryptoBench().add_arguments(parser)
+    args = parser.parse_args(["--batch", "16", "--dim", "8", "--parties", "2", "--steps", "2"])
+    out = CryptoBench().run(args)
+    assert out["threads"] == 1 and out["peak_rss_mb"] > 0
+    comp = out["ckks_components"]
+    assert comp["ciphertexts_per_party"] == 1
+    assert set(comp["per_step"]) >= {"encrypt_ms", "aggregate_ms", "decrypt_ms", "serialize_ms"}
+    runs = out["end_to_end"]
+    assert set(runs) == {"ckks", "ckks_compact", "mask", "plain"}
+    floats = 16 * 8 * 4
+    assert runs["plain"]["bytes_per_party_per_step"] > floats
+    # One ciphertext (4096 slots) carries 128 floats here: the expansion is that of a nearly empty ciphertext.
+    assert runs["ckks"]["bytes_per_party_per_step"] > 300_000 > runs["ckks_compact"]["bytes_per_party_per_step"]
+    acc = out["acceptance"]
+    assert acc["ciphertext_expansion_vs_float32"] == runs["ckks"]["expansion_vs_float32"]
+    assert acc["party_cost_ratio_cpu_vs_bare_encrypt"] > 0

@@ -1,0 +1,66 @@
+"""Feature DP: clipped + noised embedding rows, DP-SGD bottom model through the clipping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from protocols.dp.accounting import GaussianEvent
+from protocols.dp.feature_dp import FeatureDP
+from protocols.dp.mechanisms import joint_norms
+from protocols.dp.rng import SeededNoise
+from secvfl.errors import ConfigError, UnsupportedError
+
+
+def _bottom() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def test_released_rows_are_clipped_and_noised_with_replace_one_sensitivity() -> None:
+    bottom = _bottom()
+    x = torch.randn(3000, 6) * 3
+    e = bottom(x).detach()
+    clean = FeatureDP(bottom, embedding_clip=0.5, gradient_clip=1.0, noise_multiplier=0.0, noise=SeededNoise(0))
+    rows = clean.release_embeddings(e)
+    assert torch.all(joint_norms([rows]) <= 0.5)
+    mech = FeatureDP(bottom, embedding_clip=0.5, gradient_clip=1.0, noise_multiplier=1.7, noise=SeededNoise(0))
+    noisy = mech.release_embeddings(e)
+    assert mech.embedding_noise_std == pytest.approx(1.7 * 2 * 0.5)
+    assert float((noisy - rows).double().std()) == pytest.approx(1.7, rel=0.03)
+    assert FeatureDP.event(1.7, 10) == GaussianEvent(1.7, 20)
+
+
+def test_bottom_gradients_equal_autograd_without_noise_and_clipping() -> None:
+    bottom = _bottom()
+    x = torch.randn(20, 6)
+    upstream = torch.randn(20, 4) / 20  # d(mean loss)/d(row)
+    mech = FeatureDP(bottom, embedding_clip=1e6, gradient_clip=1e6, noise_multiplier=0.0, noise=SeededNoise(0), chunk=6)
+    grads = mech.bottom_gradients(x, upstream)
+    bottom.zero_grad()
+    (bottom(x) * upstream).sum().backward()
+    for n, p in bottom.named_parameters():
+        assert torch.allclose(grads[n], p.grad, atol=1e-6)
+
+
+def test_bottom_gradient_noise_and_clipping() -> None:
+    bottom = _bottom()
+    x = torch.randn(64, 6)
+    upstream = torch.randn(64, 4)
+    clipped = FeatureDP(bottom, embedding_clip=0.5, gradient_clip=0.01, noise_multiplier=0.0, noise=SeededNoise(1))
+    g = clipped.bottom_gradients(x, upstream)
+    total = torch.sqrt(sum((v.double() * 64) .pow(2).sum() for v in g.values()))
+    assert float(total) <= 64 * 0.01  # sum of 64 clipped per-sample gradients
+    noisy = FeatureDP(bottom, embedding_clip=0.5, gradient_clip=0.01, noise_multiplier=3.0, noise=SeededNoise(1))
+    gn = noisy.bottom_gradients(x, upstream)
+    added = torch.cat([((gn[n] - g[n]) * 64).reshape(-1) for n in g])
+    assert float(added.double().std()) == pytest.approx(3.0 * 2 * 0.01, rel=0.15)  # 76 parameters
+
+
+def test_refusals() -> None:
+    with pytest.raises(ConfigError):
+        FeatureDP(_bottom(), embedding_clip=0.0, gradient_clip=1.0, noise_multiplier=1.0, noise=SeededNoise(0))
+    with pytest.raises(UnsupportedError, match="BatchNorm"):
+        FeatureDP(nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4)), embedding_clip=1.0, gradient_clip=1.0,
+                  noise_multiplier=1.0, noise=SeededNoise(0))
