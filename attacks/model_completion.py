@@ -181,9 +181,24 @@ def complete_model(bottom: nn.Module, n_classes: int, x_labelled: Any, y_labelle
     pseudo_x = pseudo_y = None
     if method == "label-spreading":
         assert x_u is not None
-        pseudo_x, pseudo_y = _spread_labels(bottom, x_l, y_l, x_u, n_classes, cfg)
+        spread, confident = _spread_labels(bottom, x_l, y_l, x_u, cfg)
+        # Keep a pseudo-label only where the graph and a supervised-only completion agree: the graph brings the
+        # cluster structure, the agreement filter keeps its mistakes near class boundaries out.
+        supervised = complete_model(bottom, n_classes, x_l, y_l, x_u, config=replace(cfg, method="supervised"),
+                                    image_shape=image_shape, scratch=scratch)
+        keep = confident & (predict(supervised, x_u) == spread)
+        pseudo_x, pseudo_y = x_u[torch.as_tensor(keep)], torch.as_tensor(spread[keep], dtype=torch.int64)
         if pseudo_x.shape[0] == 0:
-            method = "supervised"  # nothing confident to add
+            return supervised  # nothing confident to add
+        # Class-balanced sampling: the graph reaches some classes better than others; do not let that skew the model.
+        pseudo_w = 1.0 / torch.bincount(pseudo_y, minlength=n_classes).clamp_min(1)[pseudo_y].double()
+        # Self-training: continue from the supervised completion with the pseudo-labelled rows added.
+        model = supervised
+        model.train()
+        groups = [{"params": model.head.parameters(), "lr": cfg.lr}]
+        if bottom_lr > 0:
+            groups.append({"params": model.bottom.parameters(), "lr": bottom_lr})
+        opt = torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
     n_u = 0 if x_u is None else x_u.shape[0]
     steps = cfg.steps_per_epoch or max(1, min(cfg.max_steps_per_epoch, math.ceil(max(n_u, x_l.shape[0]) / cfg.batch_size)))
     total = cfg.epochs * steps
@@ -201,7 +216,7 @@ def complete_model(bottom: nn.Module, n_classes: int, x_labelled: Any, y_labelle
             loss = F.cross_entropy(model(aug(xb)), yb)
             if method == "label-spreading":
                 assert pseudo_x is not None and pseudo_y is not None
-                pi = torch.randint(0, pseudo_x.shape[0], (cfg.batch_size,), generator=gen)
+                pi = torch.multinomial(pseudo_w, cfg.batch_size, replacement=True, generator=gen)
                 loss = loss + cfg.lambda_u * F.cross_entropy(model(aug(pseudo_x[pi])), pseudo_y[pi])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -220,9 +235,9 @@ def _embed(bottom: nn.Module, x: torch.Tensor, batch_size: int = 4096) -> np.nda
         bottom.train(was_training)
 
 
-def _spread_labels(bottom: nn.Module, x_l: torch.Tensor, y_l: torch.Tensor, x_u: torch.Tensor, n_classes: int,
-                   cfg: CompletionConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Confident pseudo-labels for unlabelled rows, spread from the known labels in the bottom's embedding space.
+def _spread_labels(bottom: nn.Module, x_l: torch.Tensor, y_l: torch.Tensor, x_u: torch.Tensor,
+                   cfg: CompletionConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Labels for unlabelled rows spread from the known ones in the bottom's embedding space, and which are confident.
 
     The trained bottom model maps rows of one class close together (that is what training asked of it), so labels
     travel along its nearest-neighbour graph far better than in raw feature space.
@@ -237,9 +252,7 @@ def _spread_labels(bottom: nn.Module, x_l: torch.Tensor, y_l: torch.Tensor, x_u:
     with np.errstate(divide="ignore", invalid="ignore"):
         spread.fit(emb, targets)
     dist = np.nan_to_num(spread.label_distributions_[x_l.shape[0] :])
-    classes = spread.classes_[dist.argmax(axis=1)]
-    keep = dist.max(axis=1) >= cfg.threshold
-    return x_u[torch.as_tensor(keep)], torch.as_tensor(classes[keep], dtype=torch.int64)
+    return spread.classes_[dist.argmax(axis=1)].astype(np.int64), dist.max(axis=1) >= cfg.threshold
 
 
 def _mixmatch_loss(model: nn.Module, aug: _Augment, xb: torch.Tensor, yb: torch.Tensor, ub: torch.Tensor,

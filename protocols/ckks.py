@@ -69,14 +69,20 @@ import tenseal as ts
 import torch
 
 from protocols.base import Aggregation, AlgorithmTraits, Role, Topology
+from protocols.plugins import ProtocolPlugin, ProtocolSetup
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import WIRE_DTYPES, Message, register_kind
 
 if TYPE_CHECKING:
+    import argparse
+
+    from secvfl.algorithms.base import RunContext
+    from secvfl.config import TrainConfig
     from secvfl.transport.network import Network
 
 __all__ = [
     "CKKSAggregation",
+    "CKKSPlugin",
     "CKKSParams",
     "CKKSParameterWarning",
     "HE_STANDARD_MAX_BITS",
@@ -385,8 +391,9 @@ class CKKSAggregation(Aggregation):
 
     name: ClassVar[str] = "ckks"
 
-    def __init__(self, params: CKKSParams | str | None = None) -> None:
+    def __init__(self, params: CKKSParams | str | None = None, aggregator: str = "aggregator") -> None:
         self.params = params if isinstance(params, CKKSParams) else CKKSParams.parse(params)
+        self.aggregator_name = aggregator
         self.topology: Topology | None = None
         self._contexts: dict[str, ts.Context] = {}
         self._released: dict[tuple[Any, ...], _Release] = {}
@@ -406,6 +413,10 @@ class CKKSAggregation(Aggregation):
             f"CKKS needs sum or mean aggregation; algorithm {traits.name!r} combines no party outputs "
             f"(aggregation {traits.aggregation!r}) — drop --he ckks"
         ]
+
+    def extra_roles(self) -> dict[str, Role]:
+        """The party this aggregation adds to a run's topology (see ``secvfl.runner.build_run``)."""
+        return {self.aggregator_name: Role.AGGREGATOR}
 
     def bind(self, topology: Topology) -> None:
         label = topology.label_party  # raises unless there is exactly one
@@ -681,3 +692,37 @@ class CKKSAggregation(Aggregation):
         self.sums_delivered += 1
         return Message(first.kind, "aggregate", receiver, first.step, tensors, {},
                        {"op": op, "parties": len(messages), "aggregation": self.name}, wire_size=summed.wire_size)
+
+
+class CKKSPlugin(ProtocolPlugin):
+    """``--he ckks`` and ``--ckks-params`` for ``secvfl train``. Not registered here: enable it with
+    ``PROTOCOLS.add("he", CKKSPlugin())`` in a module listed in ``protocols.plugins.PLUGIN_MODULES``."""
+
+    name = "he"
+
+    def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
+        parser.add_argument(
+            "--he", choices=("none", "ckks"), default="none",
+            help="encrypt the parties' outputs before they are summed or averaged (vafl, fdml): ckks = TenSEAL CKKS; "
+                 "an aggregator party adds the ciphertexts, the label party decrypts only the sum",
+        )
+        parser.add_argument(
+            "--ckks-params", default="default", metavar="SPEC",
+            help="CKKS parameters: default (8192:60,40,40,60:40), compact (8192:60,60:40: 2.5x smaller ciphertexts, "
+                 "addition only) or N:PRIME_BITS:SCALE_BITS; checked for 128-bit security and precision",
+        )
+
+    def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
+        he = cfg.option("he") or "none"
+        spec = cfg.option("ckks_params") or "default"
+        if he == "none":
+            if spec != "default":
+                raise UnsupportedError("--ckks-params only applies with --he ckks")
+            return None
+        if he != "ckks":
+            raise ConfigError(f"unknown --he {he!r}; choose none or ckks")
+        aggregation = CKKSAggregation(spec)
+        problems = aggregation.check(traits)
+        if problems:
+            raise UnsupportedError("; ".join(problems))
+        return ProtocolSetup(aggregation=aggregation, summary=lambda: {"he": aggregation.describe()})

@@ -57,7 +57,10 @@ class ProtocolPlugin(ABC):
 PROTOCOLS: Registry[ProtocolPlugin] = Registry("protocol")
 
 # Modules that register a plugin with PROTOCOLS.add(name, plugin) on import. One line per protocol.
-PLUGIN_MODULES: list[str] = []
+PLUGIN_MODULES: list[str] = [
+    "secvfl.algorithms.missing_flags",
+    "protocols.dp.plugin",
+]
 _loaded = False
 
 

@@ -145,9 +145,15 @@ def _keystream(seed: bytes, round_number: int, n_words: int) -> np.ndarray:
     """``n_words`` pseudorandom uint64 words from AES-256-CTR(seed) starting at counter block ``round || 0``."""
     if n_words == 0:
         return np.zeros(0, dtype=np.uint64)
+    global _ZEROS
+    if len(_ZEROS) < 8 * n_words:
+        _ZEROS = bytes(8 * n_words)
     counter_block = struct.pack(">QQ", round_number, 0)
     enc = Cipher(algorithms.AES(seed), modes.CTR(counter_block)).encryptor()
-    return np.frombuffer(enc.update(bytes(8 * n_words)), dtype=np.uint64)
+    return np.frombuffer(enc.update(memoryview(_ZEROS)[: 8 * n_words]), dtype=np.uint64)
+
+
+_ZEROS = b""  # shared all-zero plaintext for the keystream (public, read-only)
 
 
 def _pair_info(a: str, b: str, pub_a: bytes, pub_b: bytes) -> bytes:

@@ -389,7 +389,7 @@ def test_crypto_bench_reports_costs_bytes_and_acceptance():
     from secvfl.cli.registries import BENCHES, load_command_plugins
 
     load_command_plugins()
-    assert isinstance(BENCHES.get("crypto"), CryptoBench)
+    assert BENCHES.get("crypto") is CryptoBench
     parser = argparse.ArgumentParser()
     CryptoBench().add_arguments(parser)
     args = parser.parse_args(["--batch", "16", "--dim", "8", "--parties", "2", "--steps", "2"])

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, jacrev, vmap
+from torch.func import functional_call, jacrev, vmap
 
 from protocols.dp.mechanisms import (
     LABEL_NEIGHBOURING,
@@ -44,7 +44,7 @@ from protocols.dp.mechanisms import (
 from protocols.dp.rng import NoiseSource
 from secvfl.errors import ConfigError, UnsupportedError
 
-__all__ = ["LabelDPBackward", "LabelDPStep", "check_dp_module", "clip_mode_for"]
+__all__ = ["LabelDPRule", "LabelDPBackward", "LabelDPStep", "check_dp_module", "clip_mode_for", "loss_for"]
 
 HeadCall = Callable[[Callable[..., torch.Tensor], Sequence[torch.Tensor]], torch.Tensor]
 
@@ -85,7 +85,7 @@ def clip_mode_for(loss: str, clip: str = "auto") -> str:
 
 @dataclass
 class LabelDPStep:
-    """What one privatised backward step produced (float32, mean-loss scale)."""
+    """What one privatised backward step produced (mean-loss scale, dtype of the inputs/parameters)."""
 
     input_grads: list[torch.Tensor]  # noisy d(mean loss)/d(head input j), one per head input, shape like the input
     head_grads: dict[str, torch.Tensor]  # noisy mean gradient of each trainable head parameter
@@ -96,12 +96,225 @@ class LabelDPStep:
     batch_size: int
 
 
-class LabelDPBackward:
-    """Privatised backward of the label party's head; see the module docstring for the analysis.
+def _map(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map(fn, o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map(fn, v) for k, v in obj.items()}
+    return obj
 
-    ``head`` maps the batch inputs (one tensor per feature party for a concat head, or the one aggregated tensor)
-    to logits: shape (B,) or (B, 1) for ``loss="bce"``, (B, K) for ``loss="ce"``. ``call(module, inputs)`` says how
-    to invoke it (default ``module(*inputs)``). ``chunk`` bounds the per-sample Jacobians held in memory at once.
+
+def loss_for(loss: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Mean batch loss by name (``bce`` on one logit, ``ce`` softmax cross-entropy, ``mse``)."""
+    if loss == "bce":
+        return lambda z, y: nn.functional.binary_cross_entropy_with_logits(z.reshape(-1), y.to(z.dtype))
+    if loss in ("ce", "cross_entropy", "softmax"):
+        return lambda z, y: nn.functional.cross_entropy(z, y.long())
+    if loss == "mse":
+        return lambda z, y: nn.functional.mse_loss(z.reshape(-1), y.reshape(-1).to(z.dtype))
+    raise UnsupportedError(f"label DP does not know the loss {loss!r}; valid: bce, ce, mse")
+
+
+class LabelDPRule:
+    """The label party's backward rule under label DP (see the module docstring for the analysis).
+
+    Call signature of ``secvfl.parties.BackwardRule``: ``rule(head, forward, inputs, labels, loss_fn) -> loss``. It
+    writes the privatised mean-loss gradients into ``.grad`` of every input tensor (what the feature parties get)
+    and of every trainable head parameter (what the label party's optimiser applies).
+
+    Per-sample Jacobians: of the logits w.r.t. the inputs by one batched backward pass per logit (exact because no
+    head layer mixes samples -- BatchNorm is refused), and w.r.t. the head parameters by ``vmap(jacrev)`` over the
+    head's own input (captured with a forward pre-hook, so input scaling done by ``forward`` is respected).
+    """
+
+    def __init__(
+        self,
+        *,
+        loss: str,
+        clip_norm: float,
+        noise_multiplier: float,
+        noise: NoiseSource,
+        clip: str = "auto",
+        head_weight: float = 1.0,
+        chunk: int = 0,
+    ) -> None:
+        if not clip_norm > 0:
+            raise ConfigError(f"DP clip norm must be > 0, got {clip_norm}")
+        if not noise_multiplier >= 0:
+            raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
+        if not head_weight > 0:
+            raise ConfigError(f"head weight must be > 0, got {head_weight}")
+        self.loss = loss
+        self.mode = clip_mode_for(loss, clip)
+        self.clip_norm = float(clip_norm)
+        self.noise_multiplier = float(noise_multiplier)
+        self.noise = noise
+        self.head_weight = float(head_weight)
+        self.chunk = int(chunk)
+        self.sensitivity = sensitivity_factor(self.mode) * self.clip_norm
+        self.noise_std = self.noise_multiplier * self.sensitivity
+        self._checked: set[int] = set()
+        # running facts for the summary (and for the layer's check that every release went through here)
+        self.steps = 0
+        self.rows_released = 0
+        self.clipped_rows = 0.0
+        self.pending_release = False
+        self.last: LabelDPStep | None = None
+
+    @property
+    def neighbouring(self) -> str:
+        return LABEL_NEIGHBOURING
+
+    # -- the three stages -----------------------------------------------------------------------------------
+    def _jacobians(
+        self, head: nn.Module, forward: Callable[[list[torch.Tensor]], torch.Tensor], inputs: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor], Any]:
+        """Logits (B, K), input Jacobians [(B, K, *input shape)], and the head's captured (detached) arguments."""
+        captured: list[tuple] = []
+        handle = head.register_forward_pre_hook(lambda _m, args: captured.append(args))
+        try:
+            logits = forward(inputs)
+        finally:
+            handle.remove()
+        if not captured:
+            raise ConfigError("label DP: the forward function never called the head")
+        b = inputs[0].shape[0]
+        z = logits.reshape(b, -1)
+        k = z.shape[1]
+        per_class = []
+        for j in range(k):
+            grads = torch.autograd.grad(z[:, j].sum(), inputs, retain_graph=j < k - 1, allow_unused=True)
+            per_class.append([torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)])
+        input_jacs = [torch.stack([pc[i] for pc in per_class], dim=1).detach() for i in range(len(inputs))]
+        return logits.detach(), input_jacs, _map(lambda t: t.detach(), captured[-1])
+
+    def _param_jacobian_fn(self, head: nn.Module) -> tuple[Callable, dict[str, torch.Tensor]]:
+        params = {n: p.detach() for n, p in head.named_parameters() if p.requires_grad}
+        buffers = {n: t.detach() for n, t in head.named_buffers()}
+
+        def single(p: dict[str, torch.Tensor], args: Any) -> torch.Tensor:
+            out = functional_call(head, (p, buffers), _map(lambda t: t.unsqueeze(0), args))
+            return out.reshape(-1)
+
+        return vmap(jacrev(single), in_dims=(None, 0)), params
+
+    def _release(
+        self, parts: list[torch.Tensor], logits: torch.Tensor, labels: torch.Tensor, loss_fn: Callable
+    ) -> Release:
+        """Per-sample clipped vectors from Jacobian parts of shape (b, K, ...)."""
+        if self.mode == "bce":
+            if parts[0].shape[1] != 1:
+                raise ConfigError(f"the bce clipping needs one logit per sample, the head gives {parts[0].shape[1]}")
+            return bce_jacobian_release([p[:, 0] for p in parts], logits.reshape(-1), labels, self.clip_norm)
+        if self.mode == "softmax":
+            return softmax_jacobian_release(parts, logits.reshape(logits.shape[0], -1), labels, self.clip_norm)
+        # gradient mode: per-sample loss gradients = sum_k (d loss_i / d z_ik) J_ik, then plain clipping
+        z = logits.detach().clone().requires_grad_(True)
+        (dz,) = torch.autograd.grad(loss_fn(z, labels) * z.shape[0], z)  # mean loss x B: per-sample derivatives
+        dz = dz.reshape(z.shape[0], -1).to(torch.float64)
+        grads = [torch.einsum("bk,bk...->b...", dz, p.to(torch.float64)) for p in parts]
+        return clip_loss_gradients(grads, self.clip_norm)
+
+    # -- one step ---------------------------------------------------------------------------------------------
+    def step(
+        self,
+        head: nn.Module,
+        forward: Callable[[list[torch.Tensor]], torch.Tensor],
+        inputs: list[torch.Tensor],
+        labels: torch.Tensor,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> LabelDPStep:
+        """Privatised gradients for one batch (nothing is written into ``.grad``)."""
+        if id(head) not in self._checked:
+            check_dp_module(head, "label party's head")
+            self._checked.add(id(head))
+        labels = labels.detach().reshape(-1)
+        b = labels.shape[0]
+        if b == 0:
+            raise ConfigError("label DP got an empty batch")
+        for x in inputs:
+            if x.shape[0] != b:
+                raise ConfigError(f"head input has {x.shape[0]} rows but the batch has {b} labels")
+            if not x.requires_grad:
+                raise ConfigError("label DP needs head inputs that require grad")
+        logits, input_jacs, args = self._jacobians(head, forward, inputs)
+        with torch.no_grad():
+            loss = float(loss_fn(logits, labels))
+        pfn, params = self._param_jacobian_fn(head)
+        names = list(params)
+        w = self.head_weight
+        rows: list[list[torch.Tensor]] = [[] for _ in inputs]
+        head_sums = {n: torch.zeros(params[n].shape, dtype=torch.float64) for n in names}
+        clipped = 0.0
+        z2 = logits.reshape(b, -1)
+        chunk = self.chunk
+        if chunk <= 0:  # auto: about 2**22 Jacobian entries (32 MiB in float64) per chunk
+            width = z2.shape[1] * (sum(p.numel() for p in params.values()) + sum(x[0].numel() for x in inputs))
+            chunk = max(1, (1 << 22) // max(1, width))
+        for start in range(0, b, chunk):
+            sl = slice(start, start + chunk)
+            pj = pfn(params, _map(lambda t, sl=sl: t[sl], args)) if names else {}
+            parts = [j[sl] for j in input_jacs] + [w * pj[n].reshape(pj[n].shape[0], z2.shape[1], *params[n].shape)
+                                                   for n in names]
+            rel = self._release(parts, logits[sl], labels[sl], loss_fn)
+            for i in range(len(inputs)):
+                rows[i].append(rel.parts[i])
+            for n, r in zip(names, rel.parts[len(inputs):], strict=True):
+                head_sums[n] += r.sum(0)
+            clipped += rel.clipped_fraction * (min(b, start + chunk) - start)
+        std = self.noise_std
+        input_grads = [
+            (self.noise.add_gaussian(torch.cat(r), std) / b).to(dtype=x.dtype, device=x.device)
+            for r, x in zip(rows, inputs, strict=True)
+        ]
+        head_grads = {
+            n: (self.noise.add_gaussian(head_sums[n], std) / (w * b)).to(dtype=params[n].dtype, device=params[n].device)
+            for n in names
+        }
+        self.steps += 1
+        self.rows_released += b
+        self.clipped_rows += clipped
+        self.last = LabelDPStep(input_grads, head_grads, loss, clipped / b, std, self.sensitivity, b)
+        return self.last
+
+    def __call__(
+        self,
+        head: nn.Module,
+        forward: Callable[[list[torch.Tensor]], torch.Tensor],
+        inputs: list[torch.Tensor],
+        labels: torch.Tensor,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> float:
+        out = self.step(head, forward, inputs, labels, loss_fn)
+        for x, g in zip(inputs, out.input_grads, strict=True):
+            x.grad = g
+        for n, p in head.named_parameters():
+            if n in out.head_grads:
+                p.grad = out.head_grads[n].clone()
+        self.pending_release = True
+        return out.loss
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "clip_mode": self.mode,
+            "clip_norm": self.clip_norm,
+            "sensitivity": self.sensitivity,
+            "noise_multiplier": self.noise_multiplier,
+            "noise_std": self.noise_std,
+            "head_weight": self.head_weight,
+            "steps": self.steps,
+            "rows_released": self.rows_released,
+            "clipped_fraction": round(self.clipped_rows / self.rows_released, 4) if self.rows_released else None,
+        }
+
+
+class LabelDPBackward:
+    """Module-level convenience around :class:`LabelDPRule`: ``head`` called as ``call(head, inputs)``.
+
+    Used where no :class:`secvfl.parties.LabelParty` is involved (tests, audits): returns a :class:`LabelDPStep`
+    for given inputs and labels; :meth:`apply` writes the head gradients.
     """
 
     def __init__(
@@ -117,123 +330,39 @@ class LabelDPBackward:
         call: HeadCall = _default_call,
         chunk: int = 256,
     ) -> None:
-        if not clip_norm > 0:
-            raise ConfigError(f"DP clip norm must be > 0, got {clip_norm}")
-        if not noise_multiplier >= 0:
-            raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
-        if not head_weight > 0:
-            raise ConfigError(f"head weight must be > 0, got {head_weight}")
+        self.rule = LabelDPRule(loss=loss, clip_norm=clip_norm, noise_multiplier=noise_multiplier, noise=noise,
+                                clip=clip, head_weight=head_weight, chunk=chunk)
         check_dp_module(head, "label party's head")
         self.head = head
-        self.loss = loss
-        self.mode = clip_mode_for(loss, clip)
-        self.clip_norm = float(clip_norm)
-        self.noise_multiplier = float(noise_multiplier)
-        self.noise = noise
-        self.head_weight = float(head_weight)
         self.call = call
-        self.chunk = int(chunk)
-        self.sensitivity = sensitivity_factor(self.mode) * self.clip_norm
-        self.noise_std = self.noise_multiplier * self.sensitivity
+        self.loss_fn = loss_for(loss)
 
     @property
-    def neighbouring(self) -> str:
-        return LABEL_NEIGHBOURING
+    def mode(self) -> str:
+        return self.rule.mode
 
-    def _params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach() for n, p in self.head.named_parameters() if p.requires_grad}
+    @property
+    def sensitivity(self) -> float:
+        return self.rule.sensitivity
+
+    @property
+    def noise_std(self) -> float:
+        return self.rule.noise_std
 
     def per_sample_release(self, inputs: Sequence[torch.Tensor], labels: torch.Tensor) -> tuple[Release, torch.Tensor]:
         """Clipped per-sample joint vectors ``[input rows..., head_weight * head grads...]`` (no noise) and logits."""
-        params = self._params()
-        names = list(params)
-        buffers = {n: b.detach() for n, b in self.head.named_buffers()}
-        inputs = [x.detach() for x in inputs]
-        call, head, w = self.call, self.head, self.head_weight
-        bce = self.mode == "bce" or self.loss == "bce"
-
-        def logits_of(p: dict[str, torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
-            def bound(*a: torch.Tensor) -> torch.Tensor:  # the head with parameters ``p``, for a custom ``call``
-                return functional_call(head, (p, buffers), a)
-
-            out = call(bound, [x.unsqueeze(0) for x in xs])
-            # one logit per sample for bce: a scalar, so Jacobians have the shape of what they differentiate
-            return out.reshape(()) if bce else out.squeeze(0)
-
-        with torch.no_grad():
-            logits = call(head, inputs)
-        if self.mode == "bce":
-            logits = logits.reshape(-1)
-            if logits.shape[0] != labels.shape[0]:
-                raise ConfigError(f"the bce loss needs one logit per sample; the head gave shape {tuple(logits.shape)}")
-        argnums = tuple(range(1, len(inputs) + 1))
-        if self.mode == "gradient":
-            y_all = labels
-
-            def loss_of(p: dict[str, torch.Tensor], y: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
-                z = logits_of(p, *xs)
-                if self.loss == "bce":
-                    return nn.functional.binary_cross_entropy_with_logits(z.reshape(()), y.to(z.dtype))
-                if self.loss in ("ce", "cross_entropy", "softmax"):
-                    return nn.functional.cross_entropy(z.reshape(1, -1), y.reshape(1))
-                if self.loss == "mse":
-                    return nn.functional.mse_loss(z.reshape(-1), y.reshape(-1).to(z.dtype))
-                raise UnsupportedError(f"label DP does not know the loss {self.loss!r}")
-
-            fn = vmap(grad(loss_of, argnums=(0, *[a + 1 for a in argnums])), in_dims=(None, 0, *[0] * len(inputs)))
-        else:
-            fn = vmap(jacrev(logits_of, argnums=(0, *argnums)), in_dims=(None, *[0] * len(inputs)))
-
-        releases: list[Release] = []
-        b = labels.shape[0]
-        for start in range(0, b, self.chunk):
-            sl = slice(start, start + self.chunk)
-            xs = [x[sl] for x in inputs]
-            if self.mode == "gradient":
-                out = fn(params, y_all[sl], *xs)
-            else:
-                out = fn(params, *xs)
-            pgrads, xgrads = out[0], list(out[1:])
-            parts = xgrads + [w * pgrads[n] for n in names]
-            if self.mode == "gradient":
-                releases.append(clip_loss_gradients(parts, self.clip_norm))
-            elif self.mode == "bce":
-                releases.append(bce_jacobian_release(parts, logits[sl], labels[sl], self.clip_norm))
-            else:
-                releases.append(softmax_jacobian_release(parts, logits[sl], labels[sl], self.clip_norm))
-        merged = [torch.cat([r.parts[i] for r in releases]) for i in range(len(releases[0].parts))]
-        frac = sum(r.clipped_fraction * r.parts[0].shape[0] for r in releases) / b
-        first = releases[0]
-        return Release(merged, first.sensitivity, first.clip_norm, first.mode, frac), logits
+        xs = [x.detach().clone().requires_grad_(True) for x in inputs]
+        labels = labels.detach().reshape(-1)
+        logits, input_jacs, args = self.rule._jacobians(self.head, lambda t: self.call(self.head, t), xs)
+        pfn, params = self.rule._param_jacobian_fn(self.head)
+        pj = pfn(params, args)
+        k = logits.reshape(len(labels), -1).shape[1]
+        parts = input_jacs + [self.rule.head_weight * pj[n].reshape(len(labels), k, *params[n].shape) for n in params]
+        return self.rule._release(parts, logits, labels, self.loss_fn), logits
 
     def __call__(self, inputs: Sequence[torch.Tensor], labels: torch.Tensor) -> LabelDPStep:
-        """Privatised mean-loss gradients for the head inputs and the head parameters of one batch."""
-        labels = labels.detach().reshape(-1)
-        b = labels.shape[0]
-        if b == 0:
-            raise ConfigError("label DP got an empty batch")
-        for x in inputs:
-            if x.shape[0] != b:
-                raise ConfigError(f"head input has {x.shape[0]} rows but the batch has {b} labels")
-        release, logits = self.per_sample_release(inputs, labels)
-        n_in = len(inputs)
-        names = list(self._params())
-        std = self.noise_std
-        input_grads = [
-            (self.noise.add_gaussian(r, std) / b).to(inputs[i].dtype) for i, r in enumerate(release.parts[:n_in])
-        ]
-        head_grads = {}
-        for n, r in zip(names, release.parts[n_in:], strict=True):
-            total = self.noise.add_gaussian(r.sum(0), std) / self.head_weight
-            head_grads[n] = (total / b).to(dict(self.head.named_parameters())[n].dtype)
-        with torch.no_grad():
-            if self.mode == "bce" or (self.mode == "gradient" and self.loss == "bce"):
-                loss = nn.functional.binary_cross_entropy_with_logits(logits.reshape(-1), labels.to(logits.dtype))
-            elif self.loss in ("ce", "cross_entropy", "softmax"):
-                loss = nn.functional.cross_entropy(logits, labels.long())
-            else:
-                loss = nn.functional.mse_loss(logits.reshape(-1), labels.to(logits.dtype))
-        return LabelDPStep(input_grads, head_grads, float(loss), release.clipped_fraction, std, self.sensitivity, b)
+        xs = [x.detach().clone().requires_grad_(True) for x in inputs]
+        return self.rule.step(self.head, lambda t: self.call(self.head, t), xs, labels, self.loss_fn)
 
     def apply(self, step: LabelDPStep) -> None:
         """Write the privatised head gradients into ``.grad`` (ready for the label party's optimizer step)."""
@@ -242,11 +371,4 @@ class LabelDPBackward:
                 p.grad = step.head_grads[n].clone()
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "clip_mode": self.mode,
-            "clip_norm": self.clip_norm,
-            "sensitivity": self.sensitivity,
-            "noise_multiplier": self.noise_multiplier,
-            "noise_std": self.noise_std,
-            "head_weight": self.head_weight,
-        }
+        return self.rule.describe()

@@ -65,20 +65,45 @@ def sensitivity_factor(mode: str) -> float:
     raise ConfigError(f"unknown clipping mode {mode!r}; valid: {', '.join(CLIP_MODES)}")
 
 
-def _flat(parts: Sequence[torch.Tensor], leading: int) -> list[torch.Tensor]:
+def _joint(parts: Sequence[torch.Tensor], leading: int) -> tuple[torch.Tensor, list[int]]:
+    """One float64 matrix (..., D) holding each sample's joint vector, and the width of each part in it."""
     if not parts:
         raise ConfigError("joint clipping needs at least one part")
     shape = parts[0].shape[:leading]
     for p in parts:
         if p.shape[:leading] != shape:
             raise ConfigError(f"parts disagree on their leading (per-sample) dimensions: {p.shape} vs {shape}")
-    return [p.detach().reshape(*shape, -1).to(torch.float64) for p in parts]
+    widths = [int(p[(0,) * leading].numel()) if p.numel() else 0 for p in parts]
+    if any(p.numel() == 0 for p in parts):
+        widths = [int(torch.Size(p.shape[leading:]).numel()) for p in parts]
+    out = torch.empty(*shape, sum(widths), dtype=torch.float64)
+    start = 0
+    for p, w in zip(parts, widths, strict=True):
+        out[..., start : start + w] = p.detach().reshape(*shape, w)  # one copy, converting to float64
+        start += w
+    return out, widths
+
+
+def _split(joint: torch.Tensor, widths: list[int], parts: Sequence[torch.Tensor], leading: int) -> list[torch.Tensor]:
+    pieces = torch.split(joint, widths, dim=-1)
+    return [q.reshape(*joint.shape[:leading], *p.shape[leading:]) for q, p in zip(pieces, parts, strict=True)]
+
+
+def _clip_matrix(joint: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale rows of ``joint`` (in place) to norm <= ``max_norm * (1 - CLIP_MARGIN)``; returns the original norms."""
+    if not max_norm > 0:
+        raise ConfigError(f"clip norm must be > 0, got {max_norm}")
+    norms = torch.linalg.vector_norm(joint, dim=-1)
+    target = max_norm * (1.0 - CLIP_MARGIN)
+    factor = torch.where(norms > target, target / norms.clamp_min(1e-300), torch.ones_like(norms))
+    joint.mul_(factor.unsqueeze(-1))
+    return norms
 
 
 def joint_norms(parts: Sequence[torch.Tensor], leading: int = 1) -> torch.Tensor:
     """L2 norm of each sample's joint vector (float64), shape = the parts' first ``leading`` dimensions."""
-    flat = _flat(parts, leading)
-    return torch.sqrt(sum((f * f).sum(-1) for f in flat))
+    joint, _ = _joint(parts, leading)
+    return torch.linalg.vector_norm(joint, dim=-1)
 
 
 def clip_jointly(
@@ -87,14 +112,9 @@ def clip_jointly(
     """Scale each sample's joint vector to norm <= ``max_norm``; returns (clipped parts in float64, original norms)."""
     if not max_norm > 0:
         raise ConfigError(f"clip norm must be > 0, got {max_norm}")
-    flat = _flat(parts, leading)
-    norms = torch.sqrt(sum((f * f).sum(-1) for f in flat))
-    target = max_norm * (1.0 - CLIP_MARGIN)
-    factor = torch.where(norms > target, target / norms.clamp_min(1e-300), torch.ones_like(norms))
-    clipped = [
-        (f * factor.unsqueeze(-1)).reshape(p.shape) for f, p in zip(flat, parts, strict=True)
-    ]
-    return clipped, norms
+    joint, widths = _joint(parts, leading)
+    norms = _clip_matrix(joint, max_norm)
+    return _split(joint, widths, parts, leading), norms
 
 
 @dataclass
@@ -126,9 +146,10 @@ def bce_jacobian_release(
         raise ConfigError(f"bce release: {z.shape[0]} logits, {y.shape[0]} labels, {logit_jacobians[0].shape[0]} rows")
     if not torch.all((y == 0) | (y == 1)):
         raise ConfigError("the bce clipping mode needs binary labels in {0, 1}")
-    clipped, norms = clip_jointly(logit_jacobians, clip_norm)
-    residual = torch.sigmoid(z) - y  # d BCE / d z, in (-1, 1)
-    parts = [c * residual.reshape(-1, *([1] * (c.dim() - 1))) for c in clipped]
+    joint, widths = _joint(logit_jacobians, 1)
+    norms = _clip_matrix(joint, clip_norm)
+    joint.mul_((torch.sigmoid(z) - y).unsqueeze(1))  # d BCE / d z, in (-1, 1)
+    parts = _split(joint, widths, logit_jacobians, 1)
     frac = float((norms > clip_norm * (1 - CLIP_MARGIN)).double().mean()) if norms.numel() else 0.0
     return Release(parts, clip_norm, clip_norm, "bce", frac)
 
@@ -148,13 +169,12 @@ def softmax_jacobian_release(
     for j in logit_jacobians:
         if j.shape[:2] != (b, k):
             raise ConfigError(f"softmax release: Jacobian part of shape {tuple(j.shape)} is not (batch={b}, K={k}, ...)")
-    flat = [j.detach().to(torch.float64).reshape(b, k, -1) for j in logit_jacobians]
-    centred = [f - f.mean(dim=1, keepdim=True) for f in flat]  # label-independent shift; see module docstring
-    clipped, norms = clip_jointly(centred, clip_norm / 2.0, leading=2)
+    joint, widths = _joint(logit_jacobians, 2)  # (B, K, D)
+    joint.sub_(joint.mean(dim=1, keepdim=True))  # label-independent shift; see module docstring
+    norms = _clip_matrix(joint, clip_norm / 2.0)
     coeff = torch.softmax(z, dim=1) - torch.nn.functional.one_hot(y, k).to(torch.float64)  # (B, K)
-    parts = [
-        torch.einsum("bk,bkd->bd", coeff, c).reshape(b, *j.shape[2:])
-        for c, j in zip(clipped, logit_jacobians, strict=True)
-    ]
+    released = torch.einsum("bk,bkd->bd", coeff, joint)
+    parts = [q.reshape(b, *j.shape[2:]) for q, j in zip(torch.split(released, widths, dim=-1), logit_jacobians,
+                                                         strict=True)]
     frac = float((norms > clip_norm / 2 * (1 - CLIP_MARGIN)).any(dim=1).double().mean()) if norms.numel() else 0.0
     return Release(parts, clip_norm, clip_norm, "softmax", frac)

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from protocols.base import AlgorithmTraits
+from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.missing_base import (
     SPLITS,
     MissingAlgorithm,
@@ -209,6 +210,7 @@ class LaserParty:
         self._rng.bit_generator.state = state["rng"]
 
 
+@ALGORITHMS.register("laser")
 class LaserVFL(MissingAlgorithm):
     """LASER-VFL: trains on every batch with at least one observed party; any observed set can predict."""
 

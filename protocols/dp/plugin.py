@@ -1,0 +1,355 @@
+"""``--privacy dp``: the flags, the protocol layer, and how DP attaches to a run's parties.
+
+What each setting installs (threat models in :mod:`protocols.dp.label_dp`, :mod:`protocols.dp.rr`,
+:mod:`protocols.dp.feature_dp`):
+
+``--dp-protect labels --dp-mechanism gradient`` (default)
+    the label party's backward rule becomes :class:`LabelDPRule` (joint per-sample clipping of the cut-layer rows
+    and the head gradient, one calibrated Gaussian); the :class:`DPLayer` refuses any gradient message that leaves
+    the label party without having gone through it.
+``--dp-protect labels --dp-mechanism rr``
+    the label party replaces its training labels once, before training, by randomized response; the layer keeps
+    the randomised labels in its state so a resumed run reuses them instead of spending epsilon again.
+``--dp-protect features``
+    every protected feature party clips and noises each training embedding row it releases and trains its bottom
+    model with DP-SGD (:class:`FeatureDP`); the layer refuses an embedding message from it that bypassed that.
+
+The noise plan (multiplier, epsilon) is fixed before training by :func:`protocols.dp.config.plan_dp`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from protocols.base import AlgorithmTraits, Layer, Role
+from protocols.dp.config import DPConfig, DPPlan, plan_dp
+from protocols.dp.feature_dp import FeatureDP
+from protocols.dp.label_dp import LabelDPRule
+from protocols.dp.rng import NoiseSource, make_noise_source
+from protocols.dp.rr import randomized_response
+from protocols.dp.statement import privacy_markdown, privacy_statement, privacy_summary
+from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
+from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
+from secvfl.messages import Message
+
+if TYPE_CHECKING:
+    from secvfl.algorithms.base import Algorithm, RunContext
+    from secvfl.config import TrainConfig
+
+__all__ = ["DPLayer", "DPPlugin", "dp_config_from_options", "DP_FLAGS"]
+
+# option name (argparse dest) -> flag, for "this flag needs --privacy dp" messages
+DP_FLAGS = {
+    "epsilon": "--epsilon",
+    "delta": "--delta",
+    "noise_multiplier": "--noise-multiplier",
+    "dp_protect": "--dp-protect",
+    "dp_mechanism": "--dp-mechanism",
+    "dp_clip_norm": "--dp-clip-norm",
+    "dp_grad_clip_norm": "--dp-grad-clip-norm",
+    "dp_clip": "--dp-clip",
+    "dp_accountant": "--dp-accountant",
+    "dp_reproducible": "--dp-reproducible",
+    "dp_head_weight": "--dp-head-weight",
+    "dp_parties": "--dp-parties",
+}
+
+
+def _epsilon(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--epsilon takes a number, got {text!r}") from None
+
+
+def dp_config_from_options(cfg: TrainConfig) -> DPConfig:
+    """The :class:`DPConfig` a run's options ask for (unset options take their defaults)."""
+    o = cfg.option
+
+    def num(name: str) -> float | None:
+        v = o(name)
+        return None if v is None else float(v)
+
+    return DPConfig(
+        mechanism=o("dp_mechanism") or "gradient",
+        protects=o("dp_protect") or "labels",
+        epsilon=num("epsilon"),
+        delta=num("delta"),
+        noise_multiplier=num("noise_multiplier"),
+        clip_norm=float(o("dp_clip_norm") if o("dp_clip_norm") is not None else 1.0),
+        gradient_clip_norm=num("dp_grad_clip_norm"),
+        clip=o("dp_clip") or "auto",
+        accountant=o("dp_accountant") or "rdp",
+        reproducible=bool(o("dp_reproducible")),
+        head_weight=float(o("dp_head_weight") if o("dp_head_weight") is not None else 1.0),
+    )
+
+
+class DPLayer(Layer):
+    """The DP protocol layer: refuses algorithms it cannot serve and releases that bypassed the mechanism."""
+
+    name: ClassVar[str] = "dp"
+
+    def __init__(self, plan: DPPlan, *, secure_rng: bool, protected: list[str] | None = None) -> None:
+        self.plan = plan
+        self.secure_rng = secure_rng
+        self.protected = list(protected or [])
+        self.rule: LabelDPRule | None = None
+        self.features: dict[str, FeatureDP] = {}
+        self.feature_released: dict[str, bool] = {}
+        self.rr_labels: np.ndarray | None = None
+        self.rr_install = None  # callable(labels) installing randomized labels at the label party
+
+    # -- validity ---------------------------------------------------------------------------------------------
+    def check(self, traits: AlgorithmTraits) -> list[str]:
+        problems = []
+        if not traits.gradient_based and self.plan.mechanism == "gradient":
+            problems.append(f"the gradient mechanism clips and noises gradients, and {traits.name} sends none")
+        if self.plan.protects == "labels":
+            if traits.shares_labels:
+                problems.append(f"{traits.name} sends the labels to the feature parties, so label DP cannot protect them")
+            elif traits.aggregation == "subset-mean":
+                problems.append(
+                    f"every {traits.name} party holds the labels, so there is no party to protect them from; "
+                    "use --dp-protect features, or splitnn/vafl/fdml"
+                )
+        else:
+            if traits.aggregation == "none":
+                problems.append(f"in {traits.name} no feature rows or embeddings cross party boundaries")
+            elif traits.aggregation == "subset-mean":
+                problems.append(
+                    f"feature DP is not available for {traits.name}: each party's representation update mixes its own "
+                    "label loss with its peers' gradients, which the per-sample analysis here does not cover; "
+                    "use splitnn, vafl or fdml"
+                )
+        return problems
+
+    # -- messages ---------------------------------------------------------------------------------------------
+    def outbound(self, messages: list[Message], party: str) -> list[Message]:
+        role = self.topology.roles.get(party)
+        if self.plan.mechanism == "gradient" and self.plan.protects == "labels" and role == Role.LABEL:
+            if any(m.kind == "gradient" for m in messages):
+                if self.rule is None or not self.rule.pending_release:
+                    raise ProtocolError(
+                        f"label DP: gradient messages from {party} did not go through the DP backward rule; "
+                        "refusing to release them"
+                    )
+                self.rule.pending_release = False
+        if self.plan.protects == "features" and party in self.features:
+            for m in messages:
+                if m.kind in ("embedding", "logits"):
+                    if not self.feature_released.get(party):
+                        raise ProtocolError(f"feature DP: an output of {party} bypassed clipping and noise; refusing it")
+                    self.feature_released[party] = False
+        return messages
+
+    # -- facts and state --------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"layer": self.name, "mechanism": self.plan.mechanism, "protects": self.plan.protects,
+                             "epsilon": self.plan.epsilon, "delta": self.plan.delta}
+        if self.rule is not None:
+            d.update(self.rule.describe())
+        if self.features:
+            d["feature_parties"] = {p: f.describe() for p, f in self.features.items()}
+        return d
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        if self.rr_labels is not None:
+            # Randomised labels are themselves epsilon-DP, so keeping them is safe; reusing them on resume avoids
+            # a second randomized response of the same labels (which would spend epsilon twice).
+            state["rr_labels"] = self.rr_labels.tolist()
+        if self.rule is not None:
+            state["rule"] = {"steps": self.rule.steps, "rows_released": self.rule.rows_released,
+                             "clipped_rows": self.rule.clipped_rows}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "rr_labels" in state:
+            self.rr_labels = np.asarray(state["rr_labels"], dtype=np.int64)
+            if self.rr_install is not None:
+                self.rr_install(self.rr_labels)
+        if "rule" in state and self.rule is not None:
+            self.rule.steps = int(state["rule"]["steps"])
+            self.rule.rows_released = int(state["rule"]["rows_released"])
+            self.rule.clipped_rows = float(state["rule"]["clipped_rows"])
+
+
+def _protect_feature_party(fp: Any, mech: FeatureDP, layer: DPLayer) -> None:
+    """Replace ``fp``'s forward/backward by their feature-DP versions (the code runs as that party)."""
+    from secvfl.parties import require_wire
+
+    original_forward = fp.forward
+    pending: dict[str, torch.Tensor] = {}
+
+    def forward(step: int, split: str, ids: np.ndarray, receiver: str, *, train: bool = True) -> Message:
+        if split == "train" and not train:
+            raise ProtocolError(
+                f"feature DP: {fp.name} refuses to release embeddings of training rows outside training "
+                "(an unaccounted release); evaluate on val/test"
+            )
+        msg = original_forward(step, split, ids, receiver, train=train)
+        out = msg.tensor(fp.output_kind)
+        if train:
+            pending["x"] = fp._x[split][torch.as_tensor(ids, device=fp.device)]
+            released = mech.release_embeddings(out)
+        else:
+            released = mech.clip(out)
+        layer.feature_released[fp.name] = True
+        return msg.replace(tensors={fp.output_kind: released})
+
+    def backward(message: Message) -> None:
+        require_wire(message)
+        if "x" not in pending:
+            raise ProtocolError(f"{fp.name} received a gradient without a pending forward pass")
+        grad = message.tensor("gradient").to(device=fp.device, dtype=fp.dtype)
+        x = pending.pop("x")
+        if grad.shape[0] != x.shape[0]:
+            raise ProtocolError(f"{fp.name}: gradient for {grad.shape[0]} rows, batch has {x.shape[0]}")
+        grads = mech.bottom_gradients(x, grad)
+        fp.optimizer.zero_grad(set_to_none=True)
+        mech.apply(grads)
+        fp._pending = None
+        fp.optimizer.step()
+
+    fp.forward = forward
+    fp.backward = backward
+
+
+class DPPlugin(ProtocolPlugin):
+    name = "differential privacy"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--privacy", choices=["none", "dp"], default="none",
+                       help="dp: differential privacy for what crosses party boundaries (see --dp-protect)")
+        p.add_argument("--epsilon", type=_epsilon, default=None,
+                       help="privacy budget; calibrates the noise for the configured epochs before training")
+        p.add_argument("--delta", type=float, default=None,
+                       help="DP delta (default min(1e-5, 1/(10 N)); must be below 1/N)")
+        p.add_argument("--noise-multiplier", type=float, default=None,
+                       help="noise std / sensitivity; overrides --epsilon and reports the epsilon it spends")
+        p.add_argument("--dp-protect", choices=["labels", "features"], default=None,
+                       help="labels (default): each label, from the feature parties; features: each feature row "
+                            "of the protected parties, from everyone else")
+        p.add_argument("--dp-mechanism", choices=["gradient", "rr"], default=None,
+                       help="gradient (default): clipped, noised gradients + DP-SGD head; rr: randomized response "
+                            "on the labels before training (pure DP)")
+        p.add_argument("--dp-clip-norm", type=float, default=None,
+                       help="per-sample joint L2 clip norm C (labels) or embedding-row clip (features); default 1")
+        p.add_argument("--dp-grad-clip-norm", type=float, default=None,
+                       help="features: per-sample bottom-model gradient clip (default: --dp-clip-norm)")
+        p.add_argument("--dp-clip", choices=["auto", "jacobian", "gradient"], default=None,
+                       help="labels: clip the logit Jacobian (auto/jacobian, sensitivity C) or the loss gradient "
+                            "(sensitivity 2C)")
+        p.add_argument("--dp-accountant", choices=["rdp", "prv", "gdp"], default=None,
+                       help="rdp (default, Opacus), prv (Opacus PRV, tighter) or gdp (exact for these releases)")
+        p.add_argument("--dp-reproducible", action="store_true", default=None,
+                       help="seeded noise instead of the secure generator (debugging only; the summary says so)")
+        p.add_argument("--dp-head-weight", type=float, default=None,
+                       help="labels/gradient: weight of the head's part in the joint clipping (default 1)")
+        p.add_argument("--dp-parties", default=None,
+                       help="features: comma-separated feature parties that protect their rows (default: all)")
+
+    def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
+        privacy = cfg.option("privacy") or "none"
+        if privacy != "dp":
+            given = [flag for dest, flag in DP_FLAGS.items() if cfg.option(dest) not in (None, False)]
+            if given:
+                raise ConfigError(f"{', '.join(given)} only take effect with --privacy dp; add it or drop them")
+            return None
+        config = dp_config_from_options(cfg)
+        if config.epsilon is not None and math.isinf(config.epsilon):
+            raise ConfigError("--epsilon inf means no privacy: run with --privacy none instead")
+        n_classes = ctx.data.n_classes
+        plan = plan_dp(config, n_train=ctx.rows("train"), epochs=cfg.epochs, batch_size=cfg.batch_size,
+                       loss="bce" if n_classes == 2 else "ce")
+        noise = make_noise_source(reproducible=config.reproducible, seed=cfg.seed)
+        protected: list[str] = []
+        feature_names = [f"party{i}" for i in range(ctx.partition.n_blocks)]
+        if config.protects == "features":
+            wanted = cfg.option("dp_parties")
+            protected = [p.strip() for p in wanted.split(",") if p.strip()] if wanted else feature_names
+            unknown = sorted(set(protected) - set(feature_names))
+            if unknown:
+                raise ConfigError(f"--dp-parties: unknown parties {unknown}; feature parties are {feature_names}")
+        elif cfg.option("dp_parties"):
+            raise ConfigError("--dp-parties applies to --dp-protect features only")
+        layer = DPLayer(plan, secure_rng=noise.secure, protected=protected)
+        problems = layer.check(traits)
+        if problems:
+            raise UnsupportedError(f"--privacy dp is not valid for algorithm {traits.name!r}: " + "; ".join(problems))
+        attach = [lambda algo: _attach(algo, layer, plan, noise, cfg, n_classes)]
+
+        def summary() -> dict[str, Any]:
+            s = privacy_summary(plan, secure_rng=noise.secure)
+            s["generator"] = noise.describe()["generator"]
+            if layer.rule is not None:
+                s["released"] = layer.rule.describe()
+                # the guarantee assumes each training row is released at most `releases_per_sample` times
+                s["within_plan"] = layer.rule.rows_released <= plan.n_train * plan.releases_per_sample
+            if protected:
+                s["protected_parties"] = protected
+            return {"privacy": s}
+
+        def finish(run_dir: Path | None) -> str:
+            kw = {"algorithm": traits.name, "protected_parties": protected or None, "n_classes": n_classes}
+            seed = None if noise.secure else cfg.seed
+            text = privacy_statement(plan, secure_rng=noise.secure, seed=seed, **kw)
+            if layer.rule is not None and layer.rule.rows_released > plan.n_train * plan.releases_per_sample:
+                text += (" WARNING: more per-sample releases happened than the plan accounts for; the stated "
+                         "guarantee does NOT hold for this run.")
+            if run_dir is not None:
+                from secvfl.io import write_text_atomic
+
+                write_text_atomic(Path(run_dir) / "PRIVACY.md",
+                                  privacy_markdown(plan, secure_rng=noise.secure, seed=seed, **kw))
+            return text
+
+        return ProtocolSetup(layers=[(20, layer)], attach=attach, summary=summary, on_finish=[finish])
+
+
+def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, cfg: TrainConfig, n_classes: int) -> None:
+    c = plan.config
+    if c.protects == "labels":
+        lp = getattr(algo, "label_party", None)
+        if lp is None or not hasattr(lp, "backward_rule"):
+            raise UnsupportedError(f"label DP needs an algorithm with one label party; {algo.name} has none")
+        if c.mechanism == "gradient":
+            rule = LabelDPRule(
+                loss="bce" if n_classes == 2 else "ce", clip_norm=c.clip_norm, noise_multiplier=plan.noise_multiplier,
+                noise=noise.derive("label-dp"), clip=c.clip, head_weight=c.head_weight,
+            )
+            lp.backward_rule = rule
+            layer.rule = rule
+        else:
+            true = lp.labels("train").cpu().numpy()
+
+            def install(noisy: np.ndarray) -> None:
+                # the label party swaps its own training labels for their randomised version
+                lp._y["train"] = torch.as_tensor(noisy, dtype=torch.long, device=lp.device)
+
+            layer.rr_install = install
+            layer.rr_labels = randomized_response(true, max(n_classes, 2), plan.epsilon, noise.derive("rr"))
+            install(layer.rr_labels)
+        return
+    parties = {fp.name: fp for fp in getattr(algo, "feature_parties", [])}
+    missing = [p for p in layer.protected if p not in parties]
+    if missing:
+        raise UnsupportedError(f"feature DP: algorithm {algo.name} has no feature parties {missing}")
+    for name in layer.protected:
+        fp = parties[name]
+        mech = FeatureDP(
+            fp.model, embedding_clip=c.clip_norm, gradient_clip=c.gradient_clip_norm or c.clip_norm,
+            noise_multiplier=plan.noise_multiplier, noise=noise.derive(f"feature-dp/{name}"),
+        )
+        layer.features[name] = mech
+        _protect_feature_party(fp, mech, layer)
+
+
+PROTOCOLS.add("dp", DPPlugin())

@@ -1,0 +1,477 @@
+"""Baselines for training and inference with missing feature blocks (as in Valdeira et al.), on the same data,
+masks, batches and models as LASER-VFL.
+
+All of them are families of independent *split predictors*. A predictor ``P`` has a set of member parties and a
+holder: every member ``i`` runs its own representation model ``f^P_i`` (one per predictor it belongs to), the
+holder (a member; it has the labels, as every party does in this setting) runs the predictor's head ``g^P`` on the
+concatenation of the members' representations, and sends back the gradients. Per step a member sends each holder
+ONE embedding message carrying all its representations for that holder's predictors, and receives one gradient
+message back; a party's own predictors (holder = itself) exchange nothing.
+
+- **Local**: predictor ``{k}`` held by ``k``; trained on the batches ``k`` observes; ``k`` predicts alone.
+- **Ensemble**: the Local predictors; at inference the observed parties exchange their predicted labels and all
+  output the majority vote (ties broken at random with the shared seed, so every party outputs the same label).
+- **Standard VFL**: one predictor over all K parties held by the last party, trained on fully observed batches
+  only; a test row with a missing block cannot be predicted and gets a random label.
+- **Combinatorial**: one predictor per non-empty subset (``2^K - 1``), held by its smallest member; a batch trains
+  every predictor whose set is contained in the observed set; inference uses the predictor of the observed set.
+  Refused for K > 8 (exponential cost).
+- **PlugVFL**: one predictor over all K parties held by the active party (the last one); representations of missing
+  blocks are zeros, and during training each observed passive party is dropped (zeroed) with probability
+  ``--p-drop`` per batch (a shared-seed draw, so a dropped party skips its computation). Batches without the
+  active party are skipped; test rows without it get a random label (nobody holds the head).
+
+Threat model: as in :mod:`secvfl.algorithms.laser`: a holder sees its members' representations and the members
+see the gradients w.r.t. their own; Ensemble parties see each other's predicted labels at inference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from protocols.base import AlgorithmTraits
+from secvfl.algorithms import ALGORITHMS
+from secvfl.algorithms.missing_base import (
+    SPLITS,
+    MissingAlgorithm,
+    fusion_head,
+    make_optimizer_fast,
+    representation_model,
+)
+from secvfl.algorithms.missing_eval import majority_vote, random_predictions
+from secvfl.algorithms.subsets import Subset, nonempty_subsets
+from secvfl.data.pattern_sampler import PatternBatch
+from secvfl.errors import ConfigError, PartyIsolationError, UnsupportedError
+from secvfl.messages import Message
+from secvfl.parties import require_wire, task_loss
+from secvfl.transport.network import Network
+
+__all__ = [
+    "PredictorSpec",
+    "PredictorParty",
+    "PredictorFamily",
+    "LocalBaseline",
+    "Ensemble",
+    "StandardVFL",
+    "Combinatorial",
+    "PlugVFL",
+    "MAX_COMBINATORIAL_PARTIES",
+]
+
+MAX_COMBINATORIAL_PARTIES = 8
+_VOTE_SALT, _RANDOM_SALT, _DROP_SALT = 0x707E, 0x4A4D, 0xD409
+
+
+@dataclass(frozen=True)
+class PredictorSpec:
+    """A split predictor: its member parties (sorted; concatenation order) and the party holding its head."""
+
+    members: Subset
+    holder: int
+
+    @property
+    def key(self) -> str:
+        return "p" + "-".join(map(str, self.members))
+
+
+class PredictorParty:
+    """Party ``index`` of a predictor family: ``f^P_k`` for every predictor ``P`` it belongs to, ``g^P`` for every
+    predictor it holds, its feature block and the labels, and one optimiser over all of its parameters."""
+
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        blocks: dict[str, np.ndarray],
+        labels: dict[str, np.ndarray],
+        representations: dict[str, nn.Module],
+        heads: dict[str, nn.Module],
+        n_classes: int,
+        optimizer_spec: tuple[str, float, float],
+        *,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.name, self.index, self.device, self.dtype = name, int(index), device, dtype
+        self._x = {s: torch.as_tensor(b, dtype=dtype, device=device) for s, b in blocks.items()}
+        self._y = {s: torch.as_tensor(v, dtype=torch.long, device=device) for s, v in labels.items()}
+        self.f = nn.ModuleDict(representations).to(device=device, dtype=dtype)
+        self.g = nn.ModuleDict(heads).to(device=device, dtype=dtype)
+        opt_name, lr, wd = optimizer_spec
+        params = [*self.f.parameters(), *self.g.parameters()]
+        self.optimizer = make_optimizer_fast(params, opt_name, lr, wd) if params else None
+        self.n_classes = n_classes
+        self.loss_fn = task_loss(n_classes)
+        self._pending: dict[str, torch.Tensor] = {}  # this step's f^P_k outputs, with their graphs
+        self._own_grads: dict[str, torch.Tensor] = {}
+        self._expected_from: set[str] = set()
+        self._touched: list[nn.Parameter] = []
+        self._eval: dict[str, torch.Tensor] = {}
+        self._training: bool | None = None
+
+    def __repr__(self) -> str:
+        return f"PredictorParty({self.name!r})"
+
+    def _mode(self, train: bool) -> None:
+        if self._training is not train:
+            self.f.train(train)
+            self.g.train(train)
+            self._training = train
+
+    # -- member side ------------------------------------------------------------------------------------------
+    def represent(
+        self, step: int, split: str, ids: np.ndarray, by_holder: dict[str, list[str]], *, train: bool
+    ) -> list[Message]:
+        """Run ``f^P_k`` for the predictors listed per holder name; one embedding message per other holder."""
+        x = self._x[split][torch.as_tensor(ids, device=self.device)]
+        self._mode(train)
+        out: list[Message] = []
+        store = self._pending if train else self._eval
+        store.clear()
+        if train:
+            self._own_grads.clear()
+            self._expected_from = {h for h in by_holder if h != self.name}
+        with torch.set_grad_enabled(train):
+            for holder, keys in by_holder.items():
+                reps = {key: self.f[key](x) for key in keys}
+                store.update(reps)
+                if holder != self.name:
+                    out.append(Message("embedding", self.name, holder, step,
+                                       {key: r.detach() for key, r in reps.items()}))
+        return out
+
+    def apply_gradients(self, received: Sequence[Message]) -> None:
+        """Backprop the holders' gradients (and its own, as holder) through its ``f^P_k``; one optimiser step."""
+        grads = dict(self._own_grads)
+        senders = set()
+        for m in received:
+            require_wire(m)
+            senders.add(m.sender)
+            for key, g in m.tensors.items():
+                if key not in self._pending:
+                    raise PartyIsolationError(f"{self.name} received a gradient for {key}, which it did not send")
+                grads[key] = g.to(device=self.device, dtype=self.dtype)
+        if senders != self._expected_from:
+            raise PartyIsolationError(f"{self.name} expected gradients from {sorted(self._expected_from)}, "
+                                      f"got {sorted(senders)}")
+        keys = [k for k in self._pending if k in grads]  # a dropped/unused representation gets no gradient
+        if keys:
+            params = [p for k in keys for p in self.f[k].parameters()]
+            outs = [self._pending[k] for k in keys]
+            for p, gp in zip(params, torch.autograd.grad(outs, params, [grads[k] for k in keys]), strict=True):
+                p.grad = gp
+            self._touched.extend(params)
+        if self._touched:
+            self.optimizer.step()
+            for p in self._touched:  # parameters not trained in the next step must have no gradient
+                p.grad = None
+        self._touched = []
+        self._pending.clear()
+        self._own_grads.clear()
+
+    # -- holder side ------------------------------------------------------------------------------------------
+    def _inputs(self, spec: PredictorSpec, present: Sequence[int], names: Sequence[str],
+                received: dict[str, Message], store: dict[str, torch.Tensor], train: bool
+                ) -> tuple[list[torch.Tensor], dict[int, torch.Tensor]]:
+        """The head's inputs in member order: leaves for present members, zeros for absent ones."""
+        leaves: dict[int, torch.Tensor] = {}
+        inputs: list[torch.Tensor] = []
+        template = store[spec.key] if self.index in present else None
+        for m in spec.members:
+            if m not in present:
+                inputs.append(None)  # type: ignore[arg-type] # filled with zeros below
+                continue
+            if m == self.index:
+                t = store[spec.key].detach()
+            else:
+                t = require_wire(received[names[m]]).tensor(spec.key).to(device=self.device, dtype=self.dtype)
+            if train:
+                t = t.requires_grad_(True)
+                leaves[m] = t
+            template = t if template is None else template
+            inputs.append(t)
+        if template is None:
+            raise ConfigError(f"predictor {spec.key} has no present member in this batch")
+        return [torch.zeros_like(template) if t is None else t for t in inputs], leaves
+
+    def holder_step(
+        self, step: int, ids: np.ndarray, work: Sequence[tuple[PredictorSpec, Sequence[int]]], names: Sequence[str],
+        received: dict[str, Message],
+    ) -> tuple[float, list[Message]]:
+        """Losses of the held predictors (summed: their parameters are disjoint); gradient messages per member."""
+        y = self._y["train"][torch.as_tensor(ids, device=self.device)]
+        total = None
+        leaf_of: list[tuple[str, int, torch.Tensor]] = []
+        for spec, present in work:
+            inputs, leaves = self._inputs(spec, present, names, received, self._pending, True)
+            loss = self.loss_fn(self.g[spec.key](torch.cat(inputs, dim=1)), y)
+            total = loss if total is None else total + loss
+            leaf_of.extend((spec.key, m, t) for m, t in leaves.items())
+        head_params = [p for spec, _ in work for p in self.g[spec.key].parameters()]
+        grads = torch.autograd.grad(total, [t for _, _, t in leaf_of] + head_params)
+        for p, gp in zip(head_params, grads[len(leaf_of):], strict=True):
+            p.grad = gp
+        self._touched.extend(head_params)
+        per_member: dict[int, dict[str, torch.Tensor]] = {}
+        for (key, m, _), g in zip(leaf_of, grads[: len(leaf_of)], strict=True):
+            if m == self.index:
+                self._own_grads[key] = g
+            else:
+                per_member.setdefault(m, {})[key] = g
+        msgs = [Message("gradient", self.name, names[m], step, tensors) for m, tensors in per_member.items()]
+        return float(total.detach()) / max(1, len(work)), msgs
+
+    @torch.no_grad()
+    def holder_predict(self, spec: PredictorSpec, present: Sequence[int], names: Sequence[str],
+                       received: dict[str, Message]) -> torch.Tensor:
+        """Predicted labels of predictor ``spec`` for the rows of the last evaluation :meth:`represent`."""
+        self._mode(False)
+        inputs, _ = self._inputs(spec, present, names, received, self._eval, False)
+        logits = self.g[spec.key](torch.cat(inputs, dim=1))
+        return (logits.squeeze(1) > 0).long() if self.n_classes == 2 else logits.argmax(dim=1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"f": self.f.state_dict(), "g": self.g.state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer else {}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.f.load_state_dict(state["f"])
+        self.g.load_state_dict(state["g"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+class PredictorFamily(MissingAlgorithm):
+    """A missing-features baseline made of independent split predictors (see the module docstring)."""
+
+    traits: ClassVar[AlgorithmTraits]
+
+    def __init__(self, ctx, net: Network) -> None:  # noqa: ANN001 - RunContext
+        super().__init__(ctx, net)
+        self.check_parties(self.K)
+        cfg, data, part = ctx.config, ctx.data, ctx.partition
+        self.specs = self.make_specs(self.K)
+        d = cfg.embedding_dim
+        reps: list[dict[str, nn.Module]] = [{} for _ in range(self.K)]
+        heads: list[dict[str, nn.Module]] = [{} for _ in range(self.K)]
+        for spec in self.specs:  # fixed construction order: identical initial weights for a given seed
+            for m in spec.members:
+                reps[m][spec.key] = representation_model(ctx, m)
+            heads[spec.holder][spec.key] = fusion_head(ctx, d * len(spec.members))
+        self.predictor_parties = [
+            PredictorParty(
+                name, k, {s: part.take(getattr(data, f"X_{s}"), k) for s in SPLITS},
+                {s: getattr(data, f"y_{s}") for s in SPLITS}, reps[k], heads[k], data.n_classes,
+                (cfg.optimizer, cfg.lr, cfg.weight_decay), device=ctx.device, dtype=ctx.dtype,
+            )
+            for k, name in enumerate(self.names)
+        ]
+        self._by_members = {s.members: s for s in self.specs}
+
+    # -- what a family is ---------------------------------------------------------------------------------------
+    def check_parties(self, k: int) -> None:
+        pass
+
+    def make_specs(self, k: int) -> list[PredictorSpec]:
+        raise NotImplementedError
+
+    def train_work(self, observed: tuple[int, ...], step: int) -> list[tuple[PredictorSpec, tuple[int, ...]]]:
+        """Predictors trained on a batch with this observed set, each with its present (non-zeroed) members."""
+        raise NotImplementedError
+
+    def predict_spec(self, observed: tuple[int, ...]) -> PredictorSpec | None:
+        """The joint predictor for rows with this observed set (None: it cannot predict them)."""
+        raise NotImplementedError
+
+    def trains_on(self, observed: tuple[int, ...]) -> bool:
+        return bool(self.train_work(observed, 0))
+
+    def parties(self) -> dict[str, object]:
+        return {p.name: p for p in self.predictor_parties}
+
+    # -- training -------------------------------------------------------------------------------------------
+    def train_batch(self, batch: PatternBatch) -> float:
+        step, ids = self.step, batch.indices
+        work = self.train_work(batch.observed, step)
+        members: dict[int, dict[str, list[str]]] = {}
+        for spec, present in work:
+            for m in present:
+                members.setdefault(m, {}).setdefault(self.names[spec.holder], []).append(spec.key)
+        for m, by_holder in members.items():
+            msgs = self.predictor_parties[m].represent(step, "train", ids, by_holder, train=True)
+            if msgs:
+                self.net.send(*msgs)
+        losses = []
+        by_holder_work: dict[int, list[tuple[PredictorSpec, tuple[int, ...]]]] = {}
+        for spec, present in work:
+            by_holder_work.setdefault(spec.holder, []).append((spec, present))
+        for h, hw in by_holder_work.items():
+            senders = sorted({m for _, present in hw for m in present if m != h})
+            received = {self.names[m]: self.net.receive(self.names[h], kind="embedding", sender=self.names[m])
+                        for m in senders}
+            loss, grads = self.predictor_parties[h].holder_step(step, ids, hw, self.names, received)
+            losses.append(loss)
+            if grads:
+                self.net.send(*grads)
+        for m, by_holder in members.items():
+            me = self.names[m]
+            got = [self.net.receive(me, kind="gradient", sender=h) for h in by_holder if h != me]
+            self.predictor_parties[m].apply_gradients(got)
+        return float(np.mean(losses))
+
+    # -- inference ------------------------------------------------------------------------------------------
+    def _joint_predict(self, split: str, ids: np.ndarray, spec: PredictorSpec, present: tuple[int, ...]
+                       ) -> np.ndarray:
+        holder = self.names[spec.holder]
+        for m in present:
+            msgs = self.predictor_parties[m].represent(self.step, split, ids, {holder: [spec.key]}, train=False)
+            if msgs:
+                self.net.send(*msgs)
+        received = {self.names[m]: self.net.receive(holder, kind="embedding", sender=self.names[m])
+                    for m in present if m != spec.holder}
+        return self.predictor_parties[spec.holder].holder_predict(spec, present, self.names, received).cpu().numpy()
+
+    def _share_prediction(self, sender: int, labels: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
+        """The holder sends the predicted labels to the other observed parties; each outputs what it received."""
+        t = torch.as_tensor(labels, dtype=torch.int64)
+        others = [k for k in observed if k != sender]
+        if others:
+            self.net.send(*[Message("prediction", self.names[sender], self.names[k], self.step, {"labels": t})
+                            for k in others])
+        out = {sender: labels} if sender in observed else {}
+        for k in others:
+            m = self.net.receive(self.names[k], kind="prediction", sender=self.names[sender])
+            out[k] = m.tensor("labels").numpy()
+        return out
+
+    def _random(self, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
+        # Shared-seed guess: every observed party outputs the same random label for a row nobody can predict.
+        rng = np.random.default_rng([self.cfg.seed, _RANDOM_SALT, int(ids[0]), len(ids)])
+        guess = random_predictions(len(ids), self.n_classes, rng)
+        return {k: guess for k in observed}
+
+    def predict_group(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
+        spec = self.predict_spec(observed)
+        if spec is None:
+            return self._random(ids, observed)
+        present = tuple(m for m in spec.members if m in observed)
+        labels = self._joint_predict(split, ids, spec, present)
+        return self._share_prediction(spec.holder, labels, observed)
+
+
+@ALGORITHMS.register("local-missing")
+class LocalBaseline(PredictorFamily):
+    """Local: party k trains ``g_k(f_k(x_k))`` on the batches it observes and predicts alone."""
+
+    name = "local-missing"
+    traits = AlgorithmTraits("local-missing", "none", forward_kinds=(), backward_kinds=())
+
+    def make_specs(self, k: int) -> list[PredictorSpec]:
+        return [PredictorSpec((i,), i) for i in range(k)]
+
+    def train_work(self, observed, step):  # noqa: ANN001, ANN201
+        return [(self.specs[i], (i,)) for i in observed]
+
+    def predict_spec(self, observed):  # noqa: ANN001, ANN201
+        return None  # not used: each party predicts alone
+
+    def predict_group(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
+        return {k: self._joint_predict(split, ids, self.specs[k], (k,)) for k in observed}
+
+
+@ALGORITHMS.register("ensemble")
+class Ensemble(LocalBaseline):
+    """Ensemble: the Local predictors; observed parties exchange labels and output the majority vote."""
+
+    name = "ensemble"
+    traits = AlgorithmTraits("ensemble", "none", forward_kinds=("prediction",), backward_kinds=())
+
+    def predict_group(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
+        local = super().predict_group(split, ids, observed)
+        votes = np.zeros((len(ids), self.K), dtype=np.int64)
+        mask = np.zeros((len(ids), self.K), dtype=bool)
+        for k in observed:
+            self._share_prediction(k, local[k], observed)  # k's vote reaches every observed party
+            votes[:, k], mask[:, k] = local[k], True
+        # Every party computes the same vote: same votes, same shared-seed tie-breaking.
+        rng = np.random.default_rng([self.cfg.seed, _VOTE_SALT, int(ids[0]), len(ids)])
+        winner = majority_vote(votes, mask, max(2, self.n_classes), rng)
+        return {k: winner for k in observed}
+
+
+@ALGORITHMS.register("svfl")
+class StandardVFL(PredictorFamily):
+    """Standard VFL: concatenation head at the last party, trained on fully observed batches only."""
+
+    name = "svfl"
+    traits = AlgorithmTraits("svfl", "concat")
+
+    def make_specs(self, k: int) -> list[PredictorSpec]:
+        return [PredictorSpec(tuple(range(k)), k - 1)]
+
+    def train_work(self, observed, step):  # noqa: ANN001, ANN201
+        return [(self.specs[0], observed)] if len(observed) == self.K else []
+
+    def predict_spec(self, observed):  # noqa: ANN001, ANN201
+        return self.specs[0] if len(observed) == self.K else None
+
+
+@ALGORITHMS.register("combinatorial")
+class Combinatorial(PredictorFamily):
+    """Combinatorial: one independent predictor per non-empty subset of parties."""
+
+    name = "combinatorial"
+    traits = AlgorithmTraits("combinatorial", "concat")
+
+    def check_parties(self, k: int) -> None:
+        if k > MAX_COMBINATORIAL_PARTIES:
+            raise UnsupportedError(
+                f"combinatorial trains one predictor per subset of parties: 2^{k} - 1 = {2**k - 1:,} predictors for "
+                f"{k} parties is too many; use at most {MAX_COMBINATORIAL_PARTIES} parties, or --algo laser, which "
+                "shares one model per party across all subsets"
+            )
+
+    def make_specs(self, k: int) -> list[PredictorSpec]:
+        return [PredictorSpec(J, J[0]) for J in nonempty_subsets(range(k))]
+
+    def train_work(self, observed, step):  # noqa: ANN001, ANN201
+        obs = set(observed)
+        return [(s, s.members) for s in self.specs if obs.issuperset(s.members)]
+
+    def predict_spec(self, observed):  # noqa: ANN001, ANN201
+        return self._by_members[tuple(observed)]
+
+
+@ALGORITHMS.register("plugvfl")
+class PlugVFL(PredictorFamily):
+    """PlugVFL: concatenation head at the active (last) party, missing blocks zeroed, party-wise dropout."""
+
+    name = "plugvfl"
+    traits = AlgorithmTraits("plugvfl", "concat")
+
+    def __init__(self, ctx, net: Network) -> None:  # noqa: ANN001 - RunContext
+        super().__init__(ctx, net)
+        self.p_drop = float(self.cfg.option("p_drop", 0.05))
+        if not 0.0 <= self.p_drop < 1.0:
+            raise ConfigError(f"--p-drop must be in [0, 1), got {self.p_drop}")
+
+    def make_specs(self, k: int) -> list[PredictorSpec]:
+        return [PredictorSpec(tuple(range(k)), k - 1)]
+
+    def train_work(self, observed, step):  # noqa: ANN001, ANN201
+        active = self.K - 1
+        if active not in observed:
+            return []
+        rng = np.random.default_rng([self.cfg.seed, _DROP_SALT, step])
+        keep = rng.random(self.K) >= self.p_drop
+        present = tuple(m for m in observed if m == active or keep[m])
+        return [(self.specs[0], present)]
+
+    def predict_spec(self, observed):  # noqa: ANN001, ANN201
+        return self.specs[0] if self.K - 1 in observed else None

@@ -1,0 +1,1 @@
+"""Paper reproductions (`secvfl reproduce NAME`): experiment grids, seeds, tables."""
