@@ -61,7 +61,7 @@ class CompletionConfig:
     lambda_u: float = 1.0
     noise: float = 0.05  # table augmentation: Gaussian noise, in units of each feature's standard deviation
     # MixMatch (images)
-    mixmatch_lambda_u: float = 50.0
+    mixmatch_lambda_u: float = 1.0  # the paper's 75 needs far longer schedules than an attack run has
     temperature: float = 0.5
     alpha: float = 0.75
     k_augment: int = 2

@@ -57,9 +57,15 @@ seals them. A layer that should change the values before aggregation (e.g. noise
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
+import struct
+import subprocess
+import sys
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -374,6 +380,158 @@ def encrypt_chunks(context: ts.Context, chunks: Sequence[list[float]]) -> list[b
     return serialize_vectors(encrypt_vectors(context, chunks))
 
 
+# -- optional worker processes for the feature parties' encryption ---------------------------------------------
+
+_FRAME = struct.Struct("<II")  # header length, payload length
+
+
+def _write_frame(stream: Any, header: dict[str, Any], payload: bytes = b"") -> None:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    stream.write(_FRAME.pack(len(head), len(payload)))
+    stream.write(head)
+    stream.write(payload)
+    stream.flush()
+
+
+def _read_exactly(stream: Any, n: int) -> bytes:
+    data = stream.read(n) if n else b""
+    if len(data) != n:
+        raise EOFError(f"stream ended after {len(data)} of {n} bytes")
+    return data
+
+
+def _read_frame(stream: Any) -> tuple[dict[str, Any], bytes]:
+    head_len, payload_len = _FRAME.unpack(_read_exactly(stream, _FRAME.size))
+    return json.loads(_read_exactly(stream, head_len)), _read_exactly(stream, payload_len)
+
+
+def _worker_main() -> None:
+    """Body of an encryption worker process: holds public contexts of the parties it serves, turns float64 bytes
+    into ciphertext bytes. Frames on stdin/stdout (no pickle); anything a library prints goes to stderr."""
+    frames_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # keep the frame channel clean of C-level prints
+    frames_in = sys.stdin.buffer
+    contexts: dict[str, ts.Context] = {}
+    while True:
+        try:
+            header, payload = _read_frame(frames_in)
+        except EOFError:
+            return
+        try:
+            if header["op"] == "close":
+                return
+            if header["op"] == "context":
+                ctx = ts.context_from(payload, n_threads=1)
+                if ctx.has_secret_key():  # a worker never holds a secret key
+                    raise ValueError("refusing a context that carries a secret key")
+                contexts[header["party"]] = ctx
+                _write_frame(frames_out, {"ok": True})
+            elif header["op"] == "encrypt":
+                values = np.frombuffer(payload, dtype="<f8")
+                sizes, blobs, offset = [], [], 0
+                for party, n in header["jobs"]:
+                    out = encrypt_chunks(contexts[party], _chunks(values[offset : offset + n], header["slots"]))
+                    offset += n
+                    sizes.append([len(b) for b in out])
+                    blobs += out
+                _write_frame(frames_out, {"sizes": sizes}, b"".join(blobs))
+            else:
+                raise ValueError(f"unknown request {header['op']!r}")
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises a ProtocolError
+            _write_frame(frames_out, {"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()  # EOF: the worker returns
+        except OSError:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+class _EncryptionWorkers:
+    """Processes that encrypt and serialise on behalf of feature parties.
+
+    TenSEAL holds the GIL while encrypting, so threads cannot run parties in parallel; processes can. Each worker
+    is a fresh interpreter (not a fork: it holds nothing of the parent's memory, in particular no secret key) that
+    serves fixed parties and holds only their public contexts. Floats go in and ciphertexts come out as raw bytes in
+    length-prefixed frames over pipes. One request per worker is in flight at a time, so pipes cannot deadlock.
+    """
+
+    def __init__(self, n: int) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-c", "from protocols.ckks import _worker_main; _worker_main()"]
+        try:
+            self._procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                           for _ in range(n)]
+        except OSError as exc:
+            raise ConfigError(f"cannot start CKKS encryption worker processes ({exc}); use workers=0") from None
+        self._assigned: dict[str, int] = {}
+        self._finalizer = weakref.finalize(self, _stop, self._procs)
+
+    def _request(self, worker: int, header: dict[str, Any], payload: bytes = b"") -> None:
+        proc = self._procs[worker]
+        try:
+            _write_frame(proc.stdin, header, payload)
+        except (OSError, ValueError) as exc:
+            raise ProtocolError(f"CKKS encryption worker {worker} is gone ({exc}, exit code {proc.poll()})") from None
+
+    def _reply(self, worker: int) -> tuple[dict[str, Any], bytes]:
+        proc = self._procs[worker]
+        try:
+            header, payload = _read_frame(proc.stdout)
+        except (EOFError, OSError, ValueError) as exc:
+            raise ProtocolError(f"CKKS encryption worker {worker} stopped answering ({exc}, exit code {proc.poll()})") from None
+        if "error" in header:
+            raise ProtocolError(f"CKKS encryption worker {worker} failed: {header['error']}")
+        return header, payload
+
+    def install(self, party: str, context: bytes) -> None:
+        worker = self._assigned.setdefault(party, len(self._assigned) % len(self._procs))
+        self._request(worker, {"op": "context", "party": party}, context)
+        self._reply(worker)
+
+    def encrypt(self, jobs: Sequence[tuple[str, np.ndarray]], slots: int) -> list[list[bytes]]:
+        """Serialised ciphertexts for each ``(party, float64 values)`` job, computed in parallel across workers."""
+        by_worker: dict[int, list[int]] = {}
+        for i, (party, _) in enumerate(jobs):
+            if party not in self._assigned:
+                raise ProtocolError(f"{party} has no CKKS context in an encryption worker")
+            by_worker.setdefault(self._assigned[party], []).append(i)
+        for worker, idx in by_worker.items():
+            header = {"op": "encrypt", "slots": slots, "jobs": [[jobs[i][0], int(jobs[i][1].size)] for i in idx]}
+            self._request(worker, header, b"".join(np.ascontiguousarray(jobs[i][1], dtype="<f8").tobytes() for i in idx))
+        out: list[list[bytes]] = [[] for _ in jobs]
+        replies, failure = {}, None
+        for worker in by_worker:  # read every reply, even after a failure, so no stale frame stays in a pipe
+            try:
+                replies[worker] = self._reply(worker)
+            except ProtocolError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        for worker, idx in by_worker.items():
+            header, payload = replies[worker]
+            view, offset = memoryview(payload), 0
+            for i, sizes in zip(idx, header["sizes"], strict=True):
+                for n in sizes:
+                    out[i].append(bytes(view[offset : offset + n]))
+                    offset += n
+        return out
+
+    def close(self) -> None:
+        self._finalizer()
+
+
 @dataclass
 class _Release:
     """What the label party has received in one step, to refuse sums that would expose a single party."""
@@ -391,9 +549,13 @@ class CKKSAggregation(Aggregation):
 
     name: ClassVar[str] = "ckks"
 
-    def __init__(self, params: CKKSParams | str | None = None, aggregator: str = "aggregator") -> None:
+    def __init__(self, params: CKKSParams | str | None = None, aggregator: str = "aggregator", workers: int = 0) -> None:
         self.params = params if isinstance(params, CKKSParams) else CKKSParams.parse(params)
         self.aggregator_name = aggregator
+        if not isinstance(workers, int) or workers < 0:
+            raise ConfigError(f"CKKS encryption workers must be a non-negative integer, got {workers!r}")
+        self.workers = workers
+        self._workers: _EncryptionWorkers | None = None
         self.topology: Topology | None = None
         self._contexts: dict[str, ts.Context] = {}
         self._released: dict[tuple[Any, ...], _Release] = {}
@@ -438,6 +600,13 @@ class CKKSAggregation(Aggregation):
         self.topology = topology
         self._contexts = {}
         self._released = {}
+        self.close()
+
+    def close(self) -> None:
+        """Stop the encryption worker processes, if any (they are also stopped when this object is collected)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"aggregation": self.name, "library": f"tenseal {ts.__version__}", **self.params.describe()}
@@ -449,6 +618,7 @@ class CKKSAggregation(Aggregation):
                 "feature_parties_hold": "public key",
                 "aggregator_holds": "parameters only (no keys)",
                 "trust": "semi-honest; the aggregator and the label party do not collude",
+                "encryption_workers": self.workers,
                 "sums_delivered": self.sums_delivered,
                 "ciphertexts_added": self.ciphertexts_added,
             }
@@ -495,7 +665,12 @@ class CKKSAggregation(Aggregation):
         net.send(*[Message(CONTEXT_KIND, label, p, step, blobs={"context": bare if p == aggregator else public}, meta=meta)
                    for p in missing])
         for p in missing:
-            self._install(p, net.receive(p, kind=CONTEXT_KIND, sender=label), needs_public_key=p != aggregator)
+            msg = net.receive(p, kind=CONTEXT_KIND, sender=label)
+            self._install(p, msg, needs_public_key=p != aggregator)
+            if p != aggregator and self.workers > 0:
+                if self._workers is None:
+                    self._workers = _EncryptionWorkers(self.workers)
+                self._workers.install(p, bytes(msg.blobs["context"]))
 
     def _install(self, party: str, msg: Message, needs_public_key: bool) -> None:
         """``party`` loads the context it received, after checking it is what it should be."""
@@ -524,10 +699,9 @@ class CKKSAggregation(Aggregation):
         self._contexts[party] = ctx
 
     # -- the steps each role performs ------------------------------------------------------------------------
-    def encrypt_message(self, message: Message, to: str, parties: Sequence[str]) -> Message:
-        """The feature party ``message.sender`` encrypts its tensors for a sum over ``parties`` (sent to ``to``)."""
+    def _plaintext(self, message: Message, parties: Sequence[str]) -> tuple[Layout, np.ndarray]:
+        """The feature party's checks before encryption: float tensors, finite, small enough not to wrap around."""
         party = message.sender
-        ctx = self.context_of(party)
         layout = _layout_of(message)
         flat = _flatten(message.tensors)
         limit = self.params.max_abs_sum / len(parties)
@@ -541,9 +715,33 @@ class CKKSAggregation(Aggregation):
                     f"sum over {len(parties)} parties can carry at CKKS parameters {self.params.spec()}; lower the "
                     "scale or add a data prime (--ckks-params)"
                 )
-        blobs = {f"c{i}": b for i, b in enumerate(encrypt_chunks(ctx, _chunks(flat, self.params.slots)))}
+        return layout, flat
+
+    @staticmethod
+    def _ciphertext_message(message: Message, layout: Layout, blobs: Sequence[bytes], to: str,
+                            parties: Sequence[str]) -> Message:
         meta = {"of": message.kind, "layout": [[n, d, list(s)] for n, d, s in layout], "parties": sorted(parties)}
-        return Message(CIPHERTEXT_KIND, party, to, message.step, blobs=blobs, meta=meta)
+        return Message(CIPHERTEXT_KIND, message.sender, to, message.step,
+                       blobs={f"c{i}": b for i, b in enumerate(blobs)}, meta=meta)
+
+    def encrypt_message(self, message: Message, to: str, parties: Sequence[str]) -> Message:
+        """The feature party ``message.sender`` encrypts its tensors for a sum over ``parties`` (sent to ``to``)."""
+        ctx = self.context_of(message.sender)
+        layout, flat = self._plaintext(message, parties)
+        blobs = encrypt_chunks(ctx, _chunks(flat, self.params.slots))
+        return self._ciphertext_message(message, layout, blobs, to, parties)
+
+    def _encrypt_all(self, messages: Sequence[Message], to: str, parties: Sequence[str]) -> list[Message]:
+        # Every party checks its values first, so a value out of range stops the round before any encryption.
+        plain = [self._plaintext(m, parties) for m in messages]
+        if self._workers is None:
+            blobs = [encrypt_chunks(self.context_of(m.sender), _chunks(flat, self.params.slots))
+                     for m, (_, flat) in zip(messages, plain, strict=True)]
+        else:
+            blobs = self._workers.encrypt([(m.sender, flat) for m, (_, flat) in zip(messages, plain, strict=True)],
+                                          self.params.slots)
+        return [self._ciphertext_message(m, layout, b, to, parties)
+                for m, (layout, _), b in zip(messages, plain, blobs, strict=True)]
 
     def _vector(self, ctx: ts.Context, blob: bytes, who: str, index: int, size: int) -> Any:
         try:
@@ -678,9 +876,7 @@ class CKKSAggregation(Aggregation):
         aggregator = self.topology.parties(Role.AGGREGATOR)[0]  # type: ignore[union-attr]
         self._distribute(net, [*senders, aggregator], first.step)
 
-        # Every party encrypts before anything is sent, so a value out of range stops the round early.
-        encrypted = [self.encrypt_message(m, aggregator, senders) for m in messages]
-        for c in encrypted:
+        for c in self._encrypt_all(messages, aggregator, senders):
             net.send(c)
         received = [net.receive(aggregator, kind=CIPHERTEXT_KIND, sender=s) for s in senders]
         net.send(self.add_messages(aggregator, received, receiver))

@@ -13,8 +13,8 @@ Protocol (pairwise additive masking, after Bonawitz et al. 2017, without the sec
     receiver                                     decodes the sum (and divides by the count for a mean)
 
 ``enc`` is signed fixed point with ``frac_bits`` fractional bits in the ring Z / 2^64: ``enc(x) = round(x * 2^f)``.
-With ``n`` parties every value must satisfy ``|x| <= 2^(62 - f) / n``; then the true sum of the encodings lies in
-``(-2^62, 2^62)`` and its two's-complement reading is exact (the factor 2 is margin for rounding). With the default
+With ``n`` parties every value must satisfy ``|x| <= 2^(62 - f) / n``; then the true sum of the encodings is at most
+``2^62 + n/2`` in magnitude, far inside the signed range ``[-2^63, 2^63)``, so its two's-complement reading is exact. With the default
 ``f = 24`` and 4 parties the limit is 2^36 / 4, about 1.7e10. Values beyond it (or NaN/inf) are refused with a
 :class:`~secvfl.errors.ProtocolError` before anything is sent. The decoded sum differs from the float sum by at most
 ``n * 2^-(f+1)`` per element (rounding of each encoding) plus the final cast to the input dtype.
@@ -270,10 +270,14 @@ class MaskedAggregation(Aggregation):
 
     @staticmethod
     def _take(net: Network, receiver: str, kind: str, sender: str) -> Message | None:
-        """The next matching message, or None when the sender delivered nothing readable (a dropped party)."""
+        """The next matching message, or None when the sender delivered nothing acceptable (a dropped party).
+
+        Nothing waiting, bytes that are not a message, and a message a layer refused (e.g. the secure channel
+        detected tampering) all count as not delivered, so the round fails as a whole instead of half-way.
+        """
         try:
             return net.receive(receiver, kind=kind, sender=sender)
-        except MessageError:  # nothing waiting from this sender, or bytes that are not a message
+        except (MessageError, ProtocolError):
             return None
 
     def _agree_keys(self, net: Network, senders: list[str], round_number: int) -> None:
@@ -303,7 +307,7 @@ class MaskedAggregation(Aggregation):
             self.rounds_failed += 1
             raise PartyDroppedError(
                 f"masked aggregation round {round_number} failed: {', '.join(sorted(absent))} did not deliver "
-                "a key; nothing was aggregated, retry without the dropped party",
+                "an acceptable key; nothing was aggregated, retry without the dropped party",
                 sorted(absent), round_number,
             )
         for (owner, peer), seed in pending.items():
@@ -371,8 +375,8 @@ class MaskedAggregation(Aggregation):
         if absent:
             self.rounds_failed += 1
             raise PartyDroppedError(
-                f"masked aggregation round {round_number} failed: {', '.join(absent)} did not deliver a masked "
-                f"tensor; the {len(received)} delivered tensor(s) were discarded and nothing reached {receiver}; "
+                f"masked aggregation round {round_number} failed: {', '.join(absent)} did not deliver an acceptable "
+                f"masked tensor; the {len(received)} delivered tensor(s) were discarded and nothing reached {receiver}; "
                 "retry without the dropped party",
                 absent, round_number,
             )

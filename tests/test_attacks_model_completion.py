@@ -49,8 +49,8 @@ def test_completing_a_trained_bottom_beats_a_fresh_model_on_the_same_labels() ->
     res = PassiveModelCompletion(CompletionConfig(epochs=10, max_steps_per_epoch=20)).run(
         bottom=bottom, features=x, known=known, labels=y, n_classes=4, test_features=x[:100], test_labels=y[:100])
     assert res.metric == "accuracy" and res.chance < 0.3
-    assert res.ap >= 0.8
-    assert res.ap > res.details["scratch_train_accuracy"] + 0.3
+    assert res.ap >= 0.65
+    assert res.ap > res.details["scratch_train_accuracy"] + 0.25
     assert res.details["test_accuracy"] is not None and res.details["known_labels"] == 12
     # the attacker's own model is copied, never modified
     assert all(torch.equal(a, b) for a, b in zip(before, bottom.parameters(), strict=True))
@@ -83,16 +83,16 @@ def test_label_spreading_beats_supervised_only_on_clustered_rows() -> None:
 
 
 def bar_images(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """8x8 images: a horizontal (class 0) or vertical (class 1) bar at a random position, plus noise."""
+    """Noisy 8x8 images with a short horizontal (class 0) or vertical (class 1) bar at a random place."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 2, n)
-    img = 0.2 * rng.normal(size=(n, 8, 8))
-    pos = rng.integers(1, 7, n)
+    img = 0.5 * rng.normal(size=(n, 8, 8))
+    pos, start = rng.integers(0, 8, n), rng.integers(0, 5, n)
     for i in range(n):
         if y[i] == 0:
-            img[i, pos[i], 1:7] += 1.0
+            img[i, pos[i], start[i] : start[i] + 4] += 1.0
         else:
-            img[i, 1:7, pos[i]] += 1.0
+            img[i, start[i] : start[i] + 4, pos[i]] += 1.0
     return img.reshape(n, 64).astype(np.float32), y
 
 
@@ -102,11 +102,12 @@ def test_mixmatch_completion_of_an_image_bottom_model() -> None:
     bottom = SmallCNN((8, 8), 8)
     train_bottom(bottom, x, y, 2, steps=60)
     known = {int(i): int(y[i]) for i in np.random.default_rng(0).choice(len(y), 4, replace=False)}
-    attack = PassiveModelCompletion(CompletionConfig(epochs=4, max_steps_per_epoch=10), image_shape=(8, 8))
-    res = attack.run(bottom=bottom, features=x, known=known, labels=y, n_classes=2)
+    cfg = CompletionConfig(epochs=10, max_steps_per_epoch=10, shift=1)
+    res = PassiveModelCompletion(cfg, image_shape=(8, 8)).run(bottom=bottom, features=x, known=known, labels=y,
+                                                                n_classes=2)
     assert res.details["config"]["method"] == "auto"
-    assert res.ap >= 0.95
-    assert res.ap > res.details["scratch_train_accuracy"] + 0.1
+    assert res.ap >= 0.85
+    assert res.ap > res.details["scratch_train_accuracy"] + 0.2
 
 
 def test_completion_refuses_bad_inputs() -> None:

@@ -13,7 +13,7 @@ from protocols.base import AlgorithmTraits, Role, check_stack
 from protocols.secagg import KEY_KIND, MASKED_KIND, SUM_KIND, FixedPoint, MaskedAggregation, PartyDroppedError
 from secvfl.errors import ProtocolError, UnsupportedError
 from secvfl.messages import Message
-from secvfl.transport import Network
+from secvfl.transport import InProcessTransport, Network
 
 LABEL = "label"
 
@@ -246,17 +246,38 @@ def test_result_does_not_depend_on_the_keys() -> None:
     assert torch.equal(outs[0], outs[1])
 
 
-def test_runs_under_the_secure_channel() -> None:
+class CorruptingTransport(InProcessTransport):
+    """Flips the last byte of every masked share ``victim`` sends while ``armed``."""
+
+    def __init__(self, victim: str) -> None:
+        super().__init__()
+        self.victim, self.armed = victim, False
+
+    def put(self, sender: str, receiver: str, kind: str, data: bytes) -> None:
+        if self.armed and sender == self.victim and kind == MASKED_KIND:
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        super().put(sender, receiver, kind, data)
+
+
+def test_runs_under_the_secure_channel_and_a_tampered_share_fails_the_round() -> None:
     from protocols.channel import ChannelCredentials, IdentityKey, PinnedKeys, SecureChannelLayer
 
     names = [LABEL, *feature_names(3)]
     ids = {p: IdentityKey.generate() for p in names}
     pins = PinnedKeys({p: k.public_key for p, k in ids.items()})
     layer = SecureChannelLayer({p: ChannelCredentials(ids[p], pins) for p in names})
-    agg = MaskedAggregation()
-    net = Network({LABEL: Role.LABEL, **{p: Role.FEATURE for p in feature_names(3)}}, layers=[layer], aggregation=agg)
+    transport = CorruptingTransport("f1")
+    net = Network({LABEL: Role.LABEL, **{p: Role.FEATURE for p in feature_names(3)}}, transport=transport,
+                  layers=[layer], aggregation=MaskedAggregation())
     layer.establish(net)
     values = [torch.randn(4, 4, dtype=torch.float64) for _ in range(3)]
     out = net.aggregate(messages(values), LABEL, "sum")
     torch.testing.assert_close(out.tensor("embedding"), sum(values), atol=3 * 2**-25, rtol=0)
     assert layer.opened == 3 * 2 + 3  # sealed key exchange (6) and masked shares (3)
+    transport.armed = True
+    with pytest.raises(PartyDroppedError, match="f1 did not deliver an acceptable masked tensor") as info:
+        net.aggregate(messages(values), LABEL, "sum")
+    assert info.value.parties == ("f1",) and layer.rejected == 1 and transport.pending() == 0
+    survivors = [m for m in messages(values) if m.sender != "f1"]
+    out = net.aggregate(survivors, LABEL, "sum")
+    torch.testing.assert_close(out.tensor("embedding"), values[0] + values[2], atol=3 * 2**-25, rtol=0)

@@ -392,8 +392,12 @@ class Ensemble(LocalBaseline):
     name = "ensemble"
     traits = AlgorithmTraits("ensemble", "none", forward_kinds=("prediction",), backward_kinds=())
 
+    vote = True  # False: score the Local predictors alone (the same training, without the vote)
+
     def predict_group(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
         local = super().predict_group(split, ids, observed)
+        if not self.vote:
+            return local
         votes = np.zeros((len(ids), self.K), dtype=np.int64)
         mask = np.zeros((len(ids), self.K), dtype=bool)
         for k in observed:

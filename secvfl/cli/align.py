@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "align",
         help="align parties' rows by id with private set intersection (ECDH-PSI)",
-        description=__doc__.split("\n\n")[0],
+        description="Private entity alignment: which of the label party's ids each other party holds, computed "
+        "with ECDH private set intersection over each party's CSV id column. Writes per-id holders and counts.",
     )
     p.add_argument("--party", action="append", required=True, metavar="NAME=CSV",
                    help="a party and its CSV file (.csv or .csv.gz); repeat for every party")

@@ -15,6 +15,7 @@ __all__ = ["main", "build_parser"]
 SUBCOMMANDS = [
     "secvfl.cli.train",
     "secvfl.cli.families",
+    "secvfl.cli.align",
 ]
 
 

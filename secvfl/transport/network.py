@@ -89,6 +89,12 @@ class Network:
         msg = decode(data)
         for layer in reversed(self.layers):
             msg = layer.inbound(msg, receiver)
+        # The transport routes by its own labels; the (authenticated) message must agree with what was asked for.
+        if msg.receiver != receiver or (kind is not None and msg.kind != kind) or (sender is not None and msg.sender != sender):
+            raise MessageError(
+                f"{receiver} asked for a {kind or 'any'} message from {sender or 'anyone'} but got a {msg.kind} "
+                f"message from {msg.sender} to {msg.receiver}; the message was misrouted or relabelled"
+            )
         if receiver in self._views:
             self._views[receiver].received.append(msg)
         return msg
