@@ -252,7 +252,9 @@ class NormScoring(Attack):
         batches = observe_gradients(gradients, ids=ids)
         y = _binary_truth(labels)
         scores = norm_scores(batches)
-        summary = per_batch_auc(scores, [_truth(y, b.ids) for b in batches])
+        truth = [_truth(y, b.ids) for b in batches]
+        summary = per_batch_auc(scores, truth)
+        self.scored = {"scores": scores, "truth": truth, "aucs": summary.aucs}  # for plots
         if not summary.aucs:
             raise DataError("every batch had a single class; AUC is undefined (use larger batches)")
         return self.result(summary.mean, 0.5, **summary.as_dict())
@@ -275,8 +277,10 @@ class DirectionScoring(Attack):
             y = _binary_truth(y)
             scores = direction_scores(batches, [i for i, c in known.items() if c == 1])
             masks = [_scored_rows(b, known) for b in batches]
-            summary = per_batch_auc([s[m] for s, m in zip(scores, masks, strict=True)],
-                                    [_truth(y, b.ids)[m] for b, m in zip(batches, masks, strict=True)])
+            scored = [s[m] for s, m in zip(scores, masks, strict=True)]
+            truth = [_truth(y, b.ids)[m] for b, m in zip(batches, masks, strict=True)]
+            summary = per_batch_auc(scored, truth)
+            self.scored = {"scores": scored, "truth": truth, "aucs": summary.aucs}  # for plots
             if not summary.aucs:
                 raise DataError("every batch had a single class among unknown rows; AUC is undefined")
             return self.result(summary.mean, 0.5, known_examples=len(known), **summary.as_dict())

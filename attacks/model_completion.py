@@ -98,7 +98,7 @@ def _reset(module: nn.Module) -> None:
 
 
 def _build(bottom: nn.Module, n_classes: int, sample: torch.Tensor, hidden: int, scratch: bool) -> CompletedModel:
-    own = copy.deepcopy(bottom)  # never touch the attacker's live model
+    own = copy.deepcopy(bottom).to("cpu", torch.float32)  # never touch the attacker's live model
     if scratch:
         _reset(own)
     with torch.no_grad():
@@ -181,7 +181,7 @@ def complete_model(bottom: nn.Module, n_classes: int, x_labelled: Any, y_labelle
     pseudo_x = pseudo_y = None
     if method == "label-spreading":
         assert x_u is not None
-        spread, confident = _spread_labels(bottom, x_l, y_l, x_u, cfg)
+        spread, confident = _spread_labels(model.bottom, x_l, y_l, x_u, cfg)  # the copy, before any update
         # Keep a pseudo-label only where the graph and a supervised-only completion agree: the graph brings the
         # cluster structure, the agreement filter keeps its mistakes near class boundaries out.
         supervised = complete_model(bottom, n_classes, x_l, y_l, x_u, config=replace(cfg, method="supervised"),

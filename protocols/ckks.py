@@ -42,13 +42,15 @@ Parameters (:class:`CKKSParams`): N = 8192, coefficient primes [60, 40, 40, 60] 
 ciphertext holds N/2 = 4096 slots. Parameters are checked against the HomomorphicEncryption.org standard's
 128-bit table (total coefficient-modulus bits per N) and for precision: a decrypted sum over ``K`` parties is
 within ``K * error_bound_per_party`` of the exact sum (a high-probability bound on fresh-encryption noise, Kim et
-al.; measured errors are ~50x smaller), before the cast to the input dtype. Values must stay below
+al.; measured errors are about 75x smaller), before the cast to the input dtype. Values must stay below
 ``max_abs_sum / K`` per party so the sum cannot wrap around the data modulus; larger (or non-finite) values are
 refused before anything is encrypted.
 
 Encryption is randomised by design (SEAL draws from the OS), so decrypted sums are reproducible only up to the
 error bound, not bit for bit. TenSEAL holds the GIL while encrypting (measured: two threads are slower than one),
-so parties that share a process encrypt one after another; parties on their own hosts encrypt in parallel.
+so parties that share a process encrypt one after another unless ``workers > 0`` starts encryption processes
+(fresh interpreters holding only public contexts; floats in, ciphertext bytes out). Parties on their own hosts
+encrypt in parallel anyway.
 
 Layers: ciphertexts travel as messages of kinds ``ckks-context``, ``ciphertext`` and ``ciphertext-sum``, so layers
 acting on the algorithm's float kinds (``embedding``, ``logits``) leave them alone and an outermost secure channel
@@ -903,6 +905,11 @@ class CKKSPlugin(ProtocolPlugin):
                  "an aggregator party adds the ciphertexts, the label party decrypts only the sum",
         )
         parser.add_argument(
+            "--ckks-workers", type=int, default=0, metavar="N",
+            help="processes that encrypt for the feature parties in parallel (TenSEAL holds the GIL, so threads "
+                 "cannot); 0 = in the training process. Each costs a Python start-up (a few seconds) once per run",
+        )
+        parser.add_argument(
             "--ckks-params", default="default", metavar="SPEC",
             help="CKKS parameters: default (8192:60,40,40,60:40), compact (8192:60,60:40: 2.5x smaller ciphertexts, "
                  "addition only) or N:PRIME_BITS:SCALE_BITS; checked for 128-bit security and precision",
@@ -911,13 +918,14 @@ class CKKSPlugin(ProtocolPlugin):
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
         he = cfg.option("he") or "none"
         spec = cfg.option("ckks_params") or "default"
+        workers = cfg.option("ckks_workers") or 0
         if he == "none":
-            if spec != "default":
-                raise UnsupportedError("--ckks-params only applies with --he ckks")
+            if spec != "default" or workers:
+                raise UnsupportedError("--ckks-params and --ckks-workers only apply with --he ckks")
             return None
         if he != "ckks":
             raise ConfigError(f"unknown --he {he!r}; choose none or ckks")
-        aggregation = CKKSAggregation(spec)
+        aggregation = CKKSAggregation(spec, workers=int(workers))
         problems = aggregation.check(traits)
         if problems:
             raise UnsupportedError("; ".join(problems))

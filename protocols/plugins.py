@@ -60,6 +60,7 @@ PROTOCOLS: Registry[ProtocolPlugin] = Registry("protocol")
 PLUGIN_MODULES: list[str] = [
     "secvfl.algorithms.missing_flags",
     "protocols.dp.plugin",
+    "protocols.secure_plugins",
 ]
 _loaded = False
 

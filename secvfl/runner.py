@@ -150,8 +150,12 @@ def _primary(metrics: dict[str, float]) -> tuple[str, float]:
 
 # -- the run -------------------------------------------------------------------------------------------------
 def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str | Path | None = None,
-                 progress: bool = True, log=print) -> dict[str, Any]:
-    """Train, evaluate and write the run directory; returns the summary dictionary."""
+                 progress: bool = True, log=print, on_build=None) -> dict[str, Any]:
+    """Train, evaluate and write the run directory; returns the summary dictionary.
+
+    ``on_build(run)``, if given, is called once the run is assembled (and restored, on resume), before training:
+    e.g. to record a party's view for an attack.
+    """
     run_dir = Path(resume or out) if (resume or out) else None
     if resume is not None:
         run_dir = Path(resume)
@@ -167,6 +171,8 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
             raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} to continue it or another --out")
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
+    if on_build is not None:
+        on_build(run)
     for note in run.ctx.data.notes:
         log(f"  data: {note}")
 

@@ -392,7 +392,7 @@ def test_crypto_bench_reports_costs_bytes_and_acceptance():
     assert BENCHES.get("crypto") is CryptoBench
     parser = argparse.ArgumentParser()
     CryptoBench().add_arguments(parser)
-    args = parser.parse_args(["--batch", "16", "--dim", "8", "--parties", "2", "--steps", "2"])
+    args = parser.parse_args(["--batch", "16", "--dim", "8", "--parties", "2", "--steps", "2", "--workers", "0"])
     out = CryptoBench().run(args)
     assert out["threads"] == 1 and out["peak_rss_mb"] > 0
     comp = out["ckks_components"]
@@ -407,3 +407,26 @@ def test_crypto_bench_reports_costs_bytes_and_acceptance():
     acc = out["acceptance"]
     assert acc["ciphertext_expansion_vs_float32"] == runs["ckks"]["expansion_vs_float32"]
     assert acc["party_cost_ratio_cpu_vs_bare_encrypt"] > 0
+
+
+# -- encryption in worker processes ---------------------------------------------------------------------------------
+
+
+def test_worker_processes_encrypt_the_same_and_report_failures():
+    agg = CKKSAggregation(workers=1)
+    try:
+        net = Network(roles(3), aggregation=agg)
+        xs = [torch.rand(300, 20, dtype=torch.float64) * 200 - 100 for _ in range(3)]  # 2 ciphertexts per party
+        out = net.aggregate(embeddings(xs, 0), LABEL, "mean").tensor("embedding")
+        exact = torch.stack(xs).mean(0)
+        assert ((out - exact).abs() <= agg.params.error_bound(3) / 3 + 1e-12).all()
+        assert agg.describe()["encryption_workers"] == 1
+        with pytest.raises(ProtocolError, match="NaN"):  # checked in the party, before the worker is asked
+            net.aggregate(embeddings([torch.tensor([math.nan])] * 3, 1), LABEL, "sum")
+        agg._workers._procs[0].kill()
+        agg._workers._procs[0].wait()
+        with pytest.raises(ProtocolError, match="encryption worker 0"):
+            net.aggregate(embeddings(xs, 2), LABEL, "sum")
+    finally:
+        agg.close()
+    assert agg._workers is None

@@ -13,7 +13,7 @@ from typing import Any
 
 from protocols.dp.accounting import ACCOUNTANTS, GaussianEvent, calibrate_noise_multiplier, epsilon_of
 from protocols.dp.label_dp import clip_mode_for
-from protocols.dp.mechanisms import FEATURE_NEIGHBOURING, LABEL_NEIGHBOURING, sensitivity_factor
+from protocols.dp.mechanisms import FEATURE_NEIGHBOURING, LABEL_NEIGHBOURING, release_sensitivity
 from secvfl.errors import ConfigError, UnsupportedError
 
 __all__ = ["DPConfig", "DPPlan", "plan_dp", "default_delta", "MECHANISMS", "PROTECTS"]
@@ -38,7 +38,7 @@ class DPConfig:
     noise_multiplier: float | None = None
     clip_norm: float = 1.0  # labels: joint per-sample clip C; features: embedding-row clip C_e
     gradient_clip_norm: float | None = None  # features: bottom-model per-sample gradient clip C_g (default C)
-    clip: str = "auto"  # labels/gradient: auto | jacobian | gradient
+    clip: str = "auto"  # labels/gradient: auto (= residual) | residual | jacobian | gradient
     accountant: str = "rdp"
     reproducible: bool = False
     head_weight: float = 1.0
@@ -62,6 +62,11 @@ class DPPlan:
     sensitivity: float | None
     neighbouring: str
     notes: list[str] = field(default_factory=list)
+    loss: str = "bce"
+
+    @property
+    def clip_norm_unused(self) -> bool:
+        return self.clip_mode == "residual" and self.config.protects == "labels" and self.loss in ("bce", "ce")
 
     @property
     def mechanism(self) -> str:
@@ -80,7 +85,8 @@ class DPPlan:
             "delta": self.delta,
             "accountant": self.accountant,
             "noise_multiplier": self.noise_multiplier,
-            "clip_norm": c.clip_norm if c.mechanism == "gradient" else None,
+            # residual mode on bce/ce needs no clipping (the residual is bounded by the loss itself)
+            "clip_norm": None if c.mechanism != "gradient" or self.clip_norm_unused else c.clip_norm,
             "neighbouring": self.neighbouring,
             "secure_rng": bool(secure_rng),
             "clip_mode": self.clip_mode,
@@ -173,7 +179,7 @@ def plan_dp(
 
     if c.protects == "labels":
         mode = clip_mode_for(loss, c.clip)
-        sensitivity = sensitivity_factor(mode) * c.clip_norm
+        sensitivity = release_sensitivity(mode, "ce" if loss in ("ce", "cross_entropy", "softmax") else loss, c.clip_norm)
         per_epoch = releases_per_epoch
         neighbouring = LABEL_NEIGHBOURING
     else:
@@ -198,6 +204,6 @@ def plan_dp(
         eps = epsilon_of(event(sigma), delta, c.accountant)
     return DPPlan(
         c, n_train, epochs, batch_size, releases, delta, sigma, float(eps), c.accountant, mode, sensitivity,
-        neighbouring, notes,
+        neighbouring, notes, "ce" if loss in ("ce", "cross_entropy", "softmax") else loss,
     )
 

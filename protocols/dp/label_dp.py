@@ -38,7 +38,8 @@ from protocols.dp.mechanisms import (
     Release,
     bce_jacobian_release,
     clip_loss_gradients,
-    sensitivity_factor,
+    label_residuals,
+    release_sensitivity,
     softmax_jacobian_release,
 )
 from protocols.dp.rng import NoiseSource
@@ -65,22 +66,28 @@ def check_dp_module(module: nn.Module, what: str) -> None:
         )
 
 
+def _canonical_loss(loss: str) -> str:
+    return "ce" if loss in ("ce", "cross_entropy", "softmax") else loss
+
+
 def clip_mode_for(loss: str, clip: str = "auto") -> str:
-    """The per-sample reduction for a loss: ``bce``/``softmax`` (Jacobian clipping, sensitivity C) or ``gradient``."""
+    """The per-sample reduction (see :mod:`protocols.dp.mechanisms`): ``residual`` (default), ``bce``/``softmax``
+    (``--dp-clip jacobian``) or ``gradient``."""
+    loss = _canonical_loss(loss)
+    if clip in ("auto", "residual"):
+        return "residual"
     if clip == "gradient":
         return "gradient"
-    if clip not in ("auto", "jacobian"):
-        raise ConfigError(f"unknown DP clipping {clip!r}; valid: auto, jacobian, gradient")
+    if clip != "jacobian":
+        raise ConfigError(f"unknown --dp-clip {clip!r}; valid: auto, residual, jacobian, gradient")
     if loss == "bce":
         return "bce"
-    if loss in ("ce", "cross_entropy", "softmax"):
+    if loss == "ce":
         return "softmax"
-    if clip == "jacobian":
-        raise UnsupportedError(
-            f"Jacobian clipping needs a loss whose gradient is linear in the label (bce, ce), not {loss!r}; "
-            "use --dp-clip gradient (twice the noise)"
-        )
-    return "gradient"
+    raise UnsupportedError(
+        f"Jacobian clipping needs a loss whose gradient is linear in the label (bce, ce), not {loss!r}; "
+        "use --dp-clip residual or gradient"
+    )
 
 
 @dataclass
@@ -146,14 +153,14 @@ class LabelDPRule:
             raise ConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
         if not head_weight > 0:
             raise ConfigError(f"head weight must be > 0, got {head_weight}")
-        self.loss = loss
+        self.loss = _canonical_loss(loss)
         self.mode = clip_mode_for(loss, clip)
         self.clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.noise = noise
         self.head_weight = float(head_weight)
         self.chunk = int(chunk)
-        self.sensitivity = sensitivity_factor(self.mode) * self.clip_norm
+        self.sensitivity = release_sensitivity(self.mode, self.loss, self.clip_norm)
         self.noise_std = self.noise_multiplier * self.sensitivity
         self._checked: set[int] = set()
         # running facts for the summary (and for the layer's check that every release went through here)
@@ -162,6 +169,7 @@ class LabelDPRule:
         self.clipped_rows = 0.0
         self.pending_release = False
         self.last: LabelDPStep | None = None
+        self.last_residuals: tuple[torch.Tensor, torch.Tensor] | None = None  # (exact, noisy), residual mode
 
     @property
     def neighbouring(self) -> str:
@@ -239,6 +247,8 @@ class LabelDPRule:
                 raise ConfigError(f"head input has {x.shape[0]} rows but the batch has {b} labels")
             if not x.requires_grad:
                 raise ConfigError("label DP needs head inputs that require grad")
+        if self.mode == "residual":
+            return self._residual_step(head, forward, inputs, labels, loss_fn)
         logits, input_jacs, args = self._jacobians(head, forward, inputs)
         with torch.no_grad():
             loss = float(loss_fn(logits, labels))
@@ -277,6 +287,46 @@ class LabelDPRule:
         self.rows_released += b
         self.clipped_rows += clipped
         self.last = LabelDPStep(input_grads, head_grads, loss, clipped / b, std, self.sensitivity, b)
+        return self.last
+
+    def _residual_step(
+        self,
+        head: nn.Module,
+        forward: Callable[[list[torch.Tensor]], torch.Tensor],
+        inputs: list[torch.Tensor],
+        labels: torch.Tensor,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> LabelDPStep:
+        """``residual`` mode: noise the per-sample ``d loss / d z`` once, back-propagate the noisy residuals."""
+        b = labels.shape[0]
+        logits = forward(inputs)
+        if logits.shape[0] != b:
+            raise ConfigError(f"the head gave {logits.shape[0]} rows of logits for a batch of {b}")
+        if self.loss in ("bce", "ce"):
+            if self.loss == "bce" and logits.reshape(b, -1).shape[1] != 1:
+                raise ConfigError(f"the bce loss needs one logit per sample; the head gives {tuple(logits.shape)}")
+            r = label_residuals(logits, labels, self.loss)
+        else:  # another loss: its per-sample derivatives, clipped to C
+            z = logits.detach().clone().requires_grad_(True)
+            (dz,) = torch.autograd.grad(loss_fn(z, labels) * b, z)
+            r = label_residuals(dz, labels, self.loss, self.clip_norm)
+        with torch.no_grad():
+            loss = float(loss_fn(logits.detach(), labels))
+        noisy = self.noise.add_gaussian(r, self.noise_std)  # the only label-dependent release
+        params = [(n, p) for n, p in head.named_parameters() if p.requires_grad]
+        grads = torch.autograd.grad(
+            logits, [*inputs, *(p for _, p in params)],
+            grad_outputs=(noisy / b).reshape(logits.shape).to(dtype=logits.dtype, device=logits.device),
+            allow_unused=True,
+        )
+        n_in = len(inputs)
+        input_grads = [torch.zeros_like(x) if g is None else g.detach() for g, x in zip(grads[:n_in], inputs, strict=True)]
+        head_grads = {n: torch.zeros_like(p) if g is None else g.detach()
+                      for (n, p), g in zip(params, grads[n_in:], strict=True)}
+        self.steps += 1
+        self.rows_released += b
+        self.last = LabelDPStep(input_grads, head_grads, loss, 0.0, self.noise_std, self.sensitivity, b)
+        self.last_residuals = (r, noisy)
         return self.last
 
     def __call__(

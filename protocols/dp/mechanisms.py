@@ -6,26 +6,37 @@ the concatenation of its slices of all parts; clipping and sensitivity always re
 the released row and the head update are released together, and the row slices of different feature parties are
 one row to colluding feature parties.
 
-Three ways to turn per-sample quantities into a release with a known L2 sensitivity under the neighbouring relation
-"one sample's label replaced by another" (:data:`LABEL_NEIGHBOURING`):
+Four ways to turn per-sample quantities into a release with a known L2 sensitivity under the neighbouring relation
+"one sample's label replaced by another" (:data:`LABEL_NEIGHBOURING`). All rest on one fact: a sample's label enters
+every gradient only through ``r = d loss / d z``, the derivative of its loss w.r.t. its logits; the Jacobian ``J`` of
+the logits w.r.t. the cut-layer row and the head parameters depends on features and on earlier (already private)
+releases, never on the label.
 
+``residual``  (default) release ``r + N(0, (s Delta)^2 I)`` and compute every gradient from it, ``J^T r~`` (rows and
+              head update alike). Everything the feature parties see is post-processing of the noisy residuals.
+              BCE: ``r = sigmoid(z) - y`` moves by exactly 1 when the label flips, so ``Delta = 1`` with no clipping;
+              softmax CE: ``r = p - e_y`` moves by ``e_y - e_y'``, ``Delta = sqrt(2)``; any other loss: ``r`` clipped
+              to norm ``C``, ``Delta = 2C``. The noise lives in ``K`` dimensions per sample instead of the whole
+              joint vector's, which is why this is the most accurate reduction at a given epsilon.
 ``gradient``  (any loss) clip the per-sample loss gradient to norm ``C``. A label change can move it from one point
               of the ``C``-ball to any other: sensitivity ``2C``.
-``bce``       (binary cross-entropy on one logit ``z``) the per-sample gradient is ``(sigmoid(z) - y) * J`` with ``J``
-              the Jacobian of ``z``, which does not depend on the label. Clip ``J`` to ``C`` and release
-              ``(sigmoid(z) - y) * clip(J)``: a label change moves it by ``+-clip(J)``, sensitivity ``C`` (half).
+``bce``       (binary cross-entropy on one logit ``z``) the per-sample gradient is ``(sigmoid(z) - y) * J``. Clip ``J``
+              to ``C`` and release ``(sigmoid(z) - y) * clip(J)``: a label change moves it by ``+-clip(J)``,
+              sensitivity ``C`` (half of ``gradient``).
 ``softmax``   (softmax cross-entropy over ``K`` logits) the gradient is ``sum_k (p_k - [k = y]) J_k``. Because the
               coefficients sum to zero, any label-independent ``c`` can be subtracted from every ``J_k``; take the mean
               row, clip each centred row ``J_k - c`` to ``C / 2`` and release ``sum_k (p_k - [k = y]) clip(J_k - c)``.
               A label change ``y -> y'`` moves it by ``clip(J_y - c) - clip(J_y' - c)``: sensitivity ``C``. For
               ``K = 2`` this is exactly the ``bce`` reduction applied to ``J_1 - J_0``. The released vector's norm is
               at most ``C (1 - p_y) <= C``.
+``bce`` and ``softmax`` (``--dp-clip jacobian``) and ``gradient`` add isotropic noise to the whole joint vector.
 
 Clipping shrinks to ``C * (1 - CLIP_MARGIN)`` in float64 so that the float32 result provably has norm <= ``C``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +56,9 @@ __all__ = [
     "bce_jacobian_release",
     "softmax_jacobian_release",
     "sensitivity_factor",
+    "release_sensitivity",
+    "label_residuals",
+    "BOUNDED_LOSSES",
 ]
 
 CLIP_MARGIN = 1e-6
@@ -53,16 +67,51 @@ FEATURE_NEIGHBOURING = (
     "replace-one-row: two training sets are neighbours if they differ in one sample's feature row held by the "
     "protected party"
 )
-CLIP_MODES = ("gradient", "bce", "softmax")
+CLIP_MODES = ("residual", "gradient", "bce", "softmax")
+BOUNDED_LOSSES = ("bce", "ce")
 
 
 def sensitivity_factor(mode: str) -> float:
-    """Joint L2 sensitivity of a release in units of the clip norm ``C`` (label replaced)."""
+    """Joint L2 sensitivity of a clipped release in units of the clip norm ``C`` (label replaced)."""
     if mode == "gradient":
         return 2.0
     if mode in ("bce", "softmax"):
         return 1.0
     raise ConfigError(f"unknown clipping mode {mode!r}; valid: {', '.join(CLIP_MODES)}")
+
+
+def release_sensitivity(mode: str, loss: str, clip_norm: float) -> float:
+    """L2 sensitivity of one sample's release in ``mode`` for ``loss`` (``bce``, ``ce`` or another name)."""
+    if mode == "residual":
+        if loss == "bce":
+            return 1.0
+        if loss == "ce":
+            return math.sqrt(2.0)
+        return 2.0 * clip_norm
+    return sensitivity_factor(mode) * clip_norm
+
+
+def label_residuals(logits: torch.Tensor, labels: torch.Tensor, loss: str, clip_norm: float | None = None) -> torch.Tensor:
+    """Per-sample ``d loss_i / d z_i`` as (B, K) float64, computed from the loss's formula (BCE, CE), so its bound
+    does not depend on trusting a loss function; for other losses pass the derivatives as ``logits`` and a clip."""
+    z = logits.detach().to(torch.float64)
+    b = z.shape[0]
+    if loss == "bce":
+        y = labels.detach().reshape(-1).to(torch.float64)
+        if y.shape[0] != b or not torch.all((y == 0) | (y == 1)):
+            raise ConfigError("the bce residual needs one binary label in {0, 1} per sample")
+        return (torch.sigmoid(z.reshape(b)) - y).reshape(b, 1)
+    if loss == "ce":
+        y = labels.detach().reshape(-1).long()
+        z = z.reshape(b, -1)
+        if y.shape[0] != b or int(y.min()) < 0 or int(y.max()) >= z.shape[1]:
+            raise ConfigError(f"the ce residual needs {b} class indices in [0, {z.shape[1]})")
+        return torch.softmax(z, dim=1) - torch.nn.functional.one_hot(y, z.shape[1]).to(torch.float64)
+    if clip_norm is None:
+        raise ConfigError(f"residuals of the loss {loss!r} are unbounded: give a clip norm")
+    r = z.reshape(b, -1).clone()
+    _clip_matrix(r, clip_norm)
+    return r
 
 
 def _joint(parts: Sequence[torch.Tensor], leading: int) -> tuple[torch.Tensor, list[int]]:

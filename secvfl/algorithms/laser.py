@@ -37,9 +37,9 @@ from protocols.base import AlgorithmTraits
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.missing_base import (
     SPLITS,
+    FlatOptimizer,
     MissingAlgorithm,
     fusion_head,
-    make_optimizer_fast,
     representation_model,
 )
 from secvfl.algorithms.subsets import Subset, TaskTable, averaging_matrix, per_sample_loss, weighted_task_loss
@@ -80,7 +80,9 @@ class LaserParty:
         opt_name, lr, wd = optimizer_spec
         self._f_params = [p for p in self.f.parameters() if p.requires_grad]
         self._g_params = [p for p in self.g.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer_fast([*self._f_params, *self._g_params], opt_name, lr, wd)
+        # f_k and g_k always step together: one flat group.
+        self.optimizer = FlatOptimizer([[*self._f_params, *self._g_params]], opt_name, lr, wd)
+        self._g_grads: tuple[torch.Tensor, ...] = ()
         self.n_classes = n_classes
         self.loss_fn = per_sample_loss(n_classes)
         self._rng = np.random.default_rng([int(seed), _TASK_SALT, self.index])
@@ -145,8 +147,7 @@ class LaserParty:
                                      table.weights.to(device=self.device), y, self.loss_fn)
         # autograd.grad instead of backward(): gradients are written, not accumulated, so no zero_grad pass.
         grads = torch.autograd.grad(loss, [reps, *self._g_params])
-        for p, gp in zip(self._g_params, grads[1:], strict=True):
-            p.grad = gp
+        self._g_grads = grads[1:]
         rep_grads = grads[0]
         out = []
         for i, (k, name) in enumerate(zip(observed, names, strict=True)):
@@ -171,9 +172,10 @@ class LaserParty:
             senders.add(m.sender)
         if senders != set(self._peers):
             raise PartyIsolationError(f"{self.name} expected gradients from {sorted(self._peers)}, got {sorted(senders)}")
-        for p, gp in zip(self._f_params, torch.autograd.grad(self._rep, self._f_params, total), strict=True):
-            p.grad = gp
+        f_grads = torch.autograd.grad(self._rep, self._f_params, total)
+        self.optimizer.set_grads(0, [*f_grads, *self._g_grads])
         self.optimizer.step()
+        self._g_grads = ()
         self._rep = self._own_grad = None
 
     # -- inference --------------------------------------------------------------------------------------------

@@ -39,9 +39,9 @@ from protocols.base import AlgorithmTraits
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.missing_base import (
     SPLITS,
+    FlatOptimizer,
     MissingAlgorithm,
     fusion_head,
-    make_optimizer_fast,
     representation_model,
 )
 from secvfl.algorithms.missing_eval import majority_vote, random_predictions
@@ -104,14 +104,17 @@ class PredictorParty:
         self.f = nn.ModuleDict(representations).to(device=device, dtype=dtype)
         self.g = nn.ModuleDict(heads).to(device=device, dtype=dtype)
         opt_name, lr, wd = optimizer_spec
-        params = [*self.f.parameters(), *self.g.parameters()]
-        self.optimizer = make_optimizer_fast(params, opt_name, lr, wd) if params else None
+        # One flat optimiser group per model: predictors not trained on a batch are left alone.
+        self._groups = {("f", k): i for i, k in enumerate(self.f)}
+        self._groups.update({("g", k): len(self.f) + i for i, k in enumerate(self.g)})
+        self.optimizer = FlatOptimizer([list(self.f[k].parameters()) for k in self.f]
+                                       + [list(self.g[k].parameters()) for k in self.g], opt_name, lr, wd)
+        self._stepped = False
         self.n_classes = n_classes
         self.loss_fn = task_loss(n_classes)
         self._pending: dict[str, torch.Tensor] = {}  # this step's f^P_k outputs, with their graphs
         self._own_grads: dict[str, torch.Tensor] = {}
         self._expected_from: set[str] = set()
-        self._touched: list[nn.Parameter] = []
         self._eval: dict[str, torch.Tensor] = {}
         self._training: bool | None = None
 
@@ -162,16 +165,18 @@ class PredictorParty:
                                       f"got {sorted(senders)}")
         keys = [k for k in self._pending if k in grads]  # a dropped/unused representation gets no gradient
         if keys:
-            params = [p for k in keys for p in self.f[k].parameters()]
+            params = [list(self.f[k].parameters()) for k in keys]
+            flat = [p for ps in params for p in ps]
             outs = [self._pending[k] for k in keys]
-            for p, gp in zip(params, torch.autograd.grad(outs, params, [grads[k] for k in keys]), strict=True):
-                p.grad = gp
-            self._touched.extend(params)
-        if self._touched:
+            got = torch.autograd.grad(outs, flat, [grads[k] for k in keys])
+            offset = 0
+            for k, ps in zip(keys, params, strict=True):
+                self.optimizer.set_grads(self._groups[("f", k)], list(got[offset : offset + len(ps)]))
+                offset += len(ps)
+            self._stepped = True
+        if self._stepped:
             self.optimizer.step()
-            for p in self._touched:  # parameters not trained in the next step must have no gradient
-                p.grad = None
-        self._touched = []
+        self._stepped = False
         self._pending.clear()
         self._own_grads.clear()
 
@@ -213,11 +218,13 @@ class PredictorParty:
             loss = self.loss_fn(self.g[spec.key](torch.cat(inputs, dim=1)), y)
             total = loss if total is None else total + loss
             leaf_of.extend((spec.key, m, t) for m, t in leaves.items())
-        head_params = [p for spec, _ in work for p in self.g[spec.key].parameters()]
-        grads = torch.autograd.grad(total, [t for _, _, t in leaf_of] + head_params)
-        for p, gp in zip(head_params, grads[len(leaf_of):], strict=True):
-            p.grad = gp
-        self._touched.extend(head_params)
+        head_params = [list(self.g[spec.key].parameters()) for spec, _ in work]
+        grads = torch.autograd.grad(total, [t for _, _, t in leaf_of] + [p for ps in head_params for p in ps])
+        offset = len(leaf_of)
+        for (spec, _), ps in zip(work, head_params, strict=True):
+            self.optimizer.set_grads(self._groups[("g", spec.key)], list(grads[offset : offset + len(ps)]))
+            offset += len(ps)
+        self._stepped = True
         per_member: dict[int, dict[str, torch.Tensor]] = {}
         for (key, m, _), g in zip(leaf_of, grads[: len(leaf_of)], strict=True):
             if m == self.index:
@@ -237,14 +244,12 @@ class PredictorParty:
         return (logits.squeeze(1) > 0).long() if self.n_classes == 2 else logits.argmax(dim=1)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"f": self.f.state_dict(), "g": self.g.state_dict(),
-                "optimizer": self.optimizer.state_dict() if self.optimizer else {}}
+        return {"f": self.f.state_dict(), "g": self.g.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.f.load_state_dict(state["f"])
         self.g.load_state_dict(state["g"])
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
 
 class PredictorFamily(MissingAlgorithm):

@@ -107,31 +107,41 @@ class LaserBench:
         for K in args.parties:
             setting = replace(base, parties=K)
             row: dict = {"parties": K}
+            algos, caps = {}, {}
             for method in args.methods:
-                algo = build_algorithm(method, setting, data, args.p_miss_train, seed=0)
-                cap = args.max_combinatorial_batches if (method == "combinatorial" and K > 4) else None
-                _time_epoch(algo, 0, min(cap or 10, 10))  # warm-up (allocator, caches, lazy inits)
-                timings = [_time_epoch(algo, e + 1, cap) for e in range(args.repeats)]
-                stats = algo.net.stats
+                algos[method] = build_algorithm(method, setting, data, args.p_miss_train, seed=0)
+                caps[method] = args.max_combinatorial_batches if (method == "combinatorial" and K > 4) else None
+                _time_epoch(algos[method], 0, min(caps[method] or 10, 10))  # warm-up (allocator, lazy inits)
+            X, y = torch.as_tensor(data.X_train), torch.as_tensor(data.y_train)
+            blocks = list(algos[args.methods[0]].ctx.partition.blocks)
+            timings: dict[str, list[dict]] = {m: [] for m in args.methods}
+            ref: list[tuple[float, float]] = []
+            # Interleaved repeats: load changes on a shared machine hit every method alike.
+            for r in range(args.repeats):
+                for method, algo in algos.items():
+                    timings[method].append(_time_epoch(algo, r + 1, caps[method]))
+                if not args.no_reference:
+                    ref.append(reference_laser_epoch(X, y, blocks, base.batch_size, seed=r))
+            for method, algo in algos.items():
+                ts, stats = timings[method], algo.net.stats
                 row[method] = {
-                    "epoch_wall_s": statistics.median(t["wall_s"] for t in timings),
-                    "epoch_cpu_s": statistics.median(t["cpu_s"] for t in timings),
-                    "batches_per_epoch": timings[0]["batches_per_epoch"],
-                    "batches_timed": timings[0]["batches_timed"],
-                    "extrapolated": timings[0]["extrapolated"],
+                    "epoch_wall_s": statistics.median(t["wall_s"] for t in ts),
+                    "epoch_cpu_s": statistics.median(t["cpu_s"] for t in ts),
+                    "batches_per_epoch": ts[0]["batches_per_epoch"],
+                    "batches_timed": ts[0]["batches_timed"],
+                    "extrapolated": ts[0]["extrapolated"],
                     "messages_per_batch": round(stats.messages_total / max(1, algo.step), 1),
                     "bytes_per_batch": round(stats.bytes_total / max(1, algo.step)),
                 }
             if "laser" in row and "svfl" in row:
                 row["laser_over_svfl_cpu"] = round(row["laser"]["epoch_cpu_s"] / row["svfl"]["epoch_cpu_s"], 3)
                 row["laser_over_svfl_wall"] = round(row["laser"]["epoch_wall_s"] / row["svfl"]["epoch_wall_s"], 3)
-            if not args.no_reference:
-                part_blocks = build_algorithm("laser", setting, data, 0.0, seed=0).ctx.partition.blocks
-                X, y = torch.as_tensor(data.X_train), torch.as_tensor(data.y_train)
-                ref = [reference_laser_epoch(X, y, list(part_blocks), base.batch_size, seed=r)
-                       for r in range(args.repeats)]
+            if ref:
                 row["reference_laser_monolithic"] = {"epoch_wall_s": statistics.median(w for w, _ in ref),
                                                      "epoch_cpu_s": statistics.median(c for _, c in ref)}
+                if "laser" in row:
+                    row["laser_over_reference_cpu"] = round(
+                        row["laser"]["epoch_cpu_s"] / row["reference_laser_monolithic"]["epoch_cpu_s"], 3)
             rows.append(row)
             print(f"K={K}: " + ", ".join(f"{m} {row[m]['epoch_cpu_s']:.3f} s cpu" for m in args.methods), flush=True)
         return {

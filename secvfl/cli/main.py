@@ -15,6 +15,8 @@ __all__ = ["main", "build_parser"]
 SUBCOMMANDS = [
     "secvfl.cli.train",
     "secvfl.cli.families",
+    "secvfl.cli.privacy_sweep",
+    "secvfl.cli.predict",
     "secvfl.cli.align",
 ]
 

@@ -31,6 +31,7 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.bench.laser",
     "secvfl.bench.overhead",
     "secvfl.bench.crypto",
+    "secvfl.cli.attack",
 ]
 _loaded = False
 

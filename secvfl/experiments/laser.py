@@ -305,14 +305,14 @@ class LaserReproduction:
         p.add_argument("--epochs", type=int, default=None, help="override the setting's epochs (smoke runs)")
         p.add_argument("--jobs", type=int, default=1, help="training runs in parallel (each on one thread)")
         p.add_argument("--out-dir", type=Path, default=None, help="where runs/, table.md and results.json go "
-                       "(default results/laser-DATASET)")
+                       "(default runs/reproduce-laser-DATASET)")
         p.add_argument("--force", action="store_true", help="retrain runs whose result file exists")
 
     def run(self, args: argparse.Namespace) -> dict:
         data_dir = args.data_dir or os.environ.get("SECVFL_DATA_DIR")
         setting = SETTINGS[args.dataset]
         epochs = args.epochs or setting.epochs
-        out_dir = args.out_dir or Path("results") / f"laser-{args.dataset}"
+        out_dir = args.out_dir or Path("runs") / f"reproduce-laser-{args.dataset}"
         prepare_data(setting, data_dir)  # fail early on a missing dataset
         p_trains, p_tests = list(args.p_miss_train), list(args.p_miss_test)
         jobs = [(m, pt, s, p_tests) for pt in p_trains for s in args.seeds for m in args.methods]

@@ -1,0 +1,152 @@
+"""A suite of label inference attacks across defences and seeds: MP, AP per attack, DCS; a table and a plot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attacks.harness import (
+    check_defence_available,
+    defence_options,
+    label_inference,
+    train_recorded,
+    undefended,
+)
+from attacks.metrics import dcs
+from attacks.plots import plot_grid
+from secvfl.config import TrainConfig
+from secvfl.errors import UnsupportedError
+from secvfl.io import write_json_atomic, write_text_atomic
+
+__all__ = ["run_grid", "grid_markdown"]
+
+
+def _stat(values: Sequence[float]) -> dict[str, float] | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"mean": float(np.mean(vals)), "std": float(np.std(vals)), "n": len(vals)}
+
+
+def run_grid(base: TrainConfig, defences: Sequence[str], seeds: Sequence[int], attacks: Sequence[str], *,
+             attacker: str = "party0", known_positives: int = 1, out_dir: Path | None = None, keep_runs: bool = False,
+             log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train one run per (defence, seed) with the attacker's view recorded, attack it, and summarise.
+
+    MP* is the undefended run of the same seed (``none``, trained even when not listed); AP* is chance (0.5 AUC).
+    A defence the algorithm cannot use is reported as refused, with the reason, instead of failing the suite.
+    """
+    specs = list(dict.fromkeys(["none", *defences]))
+    options = {spec: defence_options(spec) for spec in specs}  # unknown specs fail before any training
+    plain = undefended(base)
+    runs: list[dict[str, Any]] = []
+    for seed in seeds:
+        for spec in specs:
+            entry: dict[str, Any] = {"defence": spec, "seed": seed, "ap": {}, "details": {}, "not_applicable": {}}
+            try:
+                check_defence_available(options[spec], spec)
+                cfg = replace(plain, seed=seed, options={**plain.options, **options[spec]})
+                run_dir = out_dir / "runs" / f"{spec.replace(':', '-')}-seed{seed}" if keep_runs and out_dir else None
+                rec = train_recorded(cfg, attacker, run_dir=run_dir, log=lambda _msg: None)
+            except UnsupportedError as exc:
+                entry["refused"] = str(exc)
+                log(f"  {spec:>10} seed {seed}: refused ({str(exc).splitlines()[0]})")
+                runs.append(entry)
+                continue
+            entry["mp_name"], entry["mp"] = rec.mp
+            privacy = rec.summary.get("privacy")
+            if privacy:
+                entry["privacy"] = {k: privacy.get(k) for k in ("epsilon", "delta", "mechanism", "noise_multiplier")
+                                    if k in privacy}
+            for attack in attacks:
+                try:
+                    result, _ = label_inference(rec, attack, known_positives=known_positives, seed=seed)
+                except UnsupportedError as exc:
+                    entry["not_applicable"][attack] = str(exc)
+                    continue
+                entry["ap"][attack] = result.ap
+                entry["details"][attack] = {k: result.details[k] for k in ("p95_abs_auc_minus_half", "rr_ceiling")
+                                            if k in result.details}
+                if "rr_ceiling" in result.details:
+                    entry["rr_ceiling"] = result.details["rr_ceiling"]
+            shown = ", ".join(f"{a} {v:.3f}" for a, v in entry["ap"].items())
+            log(f"  {spec:>10} seed {seed}: MP {entry['mp_name']} {entry['mp']:.4f}; AP {shown}")
+            runs.append(entry)
+    # DCS against the undefended run of the same seed.
+    star = {r["seed"]: r["mp"] for r in runs if r["defence"] == "none" and "mp" in r}
+    for r in runs:
+        if "mp" in r and r["seed"] in star:
+            r["dcs"] = {a: dcs(ap, r["mp"], ap_star=0.5, mp_star=star[r["seed"]]) for a, ap in r["ap"].items()}
+    rows = []
+    for spec in specs:
+        mine = [r for r in runs if r["defence"] == spec]
+        done = [r for r in mine if "mp" in r]
+        row: dict[str, Any] = {"defence": spec, "seeds": [r["seed"] for r in done]}
+        if not done:
+            row["refused"] = mine[0].get("refused", "no run finished")
+        else:
+            row["mp"] = _stat([r["mp"] for r in done])
+            row["mp_name"] = done[0]["mp_name"]
+            row["ap"] = {a: _stat([r["ap"].get(a) for r in done]) for a in attacks}
+            row["dcs"] = {a: _stat([r.get("dcs", {}).get(a) for r in done]) for a in attacks}
+            row["not_applicable"] = done[0]["not_applicable"]
+            if "rr_ceiling" in done[0]:
+                row["rr_ceiling"] = done[0]["rr_ceiling"]
+            if "privacy" in done[0]:
+                row["privacy"] = done[0]["privacy"]
+        rows.append(row)
+    result: dict[str, Any] = {
+        "config": {k: v for k, v in plain.to_dict().items() if k != "options"},
+        "defences": specs, "seeds": list(seeds), "attacks": list(attacks), "attacker": attacker,
+        "known_positives_per_batch": known_positives, "rows": rows, "runs": runs,
+    }
+    result["markdown"] = grid_markdown(result)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out_dir / "grid.json", result)
+        write_text_atomic(out_dir / "grid.md", result["markdown"] + "\n")
+        mp_name = next((r["mp_name"] for r in rows if "mp_name" in r), "metric")
+        plot_grid(out_dir / "grid.png", [r for r in rows if "mp" in r], attacks, mp_name,
+                  f"{base.algo} on {base.dataset}, {base.parties} parties: attack vs main task")
+        result["files"] = {k: str(out_dir / f"grid.{k}") for k in ("json", "md", "png")}
+    return result
+
+
+def _fmt(stat: dict[str, float] | None) -> str:
+    if stat is None:
+        return "n/a"
+    return f"{stat['mean']:.3f} ± {stat['std']:.3f}" if stat["n"] > 1 else f"{stat['mean']:.3f}"
+
+
+def grid_markdown(result: dict[str, Any]) -> str:
+    attacks = result["attacks"]
+    rows = result["rows"]
+    mp_name = next((r["mp_name"] for r in rows if "mp_name" in r), "metric")
+    head = (["defence", f"MP (test {mp_name})"] + [f"AP {a}" for a in attacks] + [f"DCS {a}" for a in attacks]
+            + ["notes"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "refused" in r:
+            reason = r["refused"].splitlines()[0].replace("|", "/")
+            cells = [r["defence"], "refused"] + ["—"] * (2 * len(attacks)) + [reason]
+        else:
+            notes = []
+            if "rr_ceiling" in r:
+                notes.append(f"RR ceiling e^ε/(1+e^ε) = {r['rr_ceiling']:.3f}")
+            for a, why in r.get("not_applicable", {}).items():
+                notes.append(f"{a}: {why.split(';')[0]}")
+            cells = ([r["defence"], _fmt(r["mp"])] + [_fmt(r["ap"].get(a)) for a in attacks]
+                     + [_fmt(r["dcs"].get(a)) for a in attacks] + ["; ".join(notes).replace("|", "/")])
+        lines.append("| " + " | ".join(cells) + " |")
+    n = len(result["seeds"])
+    lines.append("")
+    lines.append(f"Means ± standard deviations over {n} seed{'s' * (n != 1)} ({', '.join(map(str, result['seeds']))}). "
+                 f"AP: mean per-batch ROC AUC of the attack on the labels of {result['attacker']}'s training batches "
+                 f"(chance 0.5; direction scoring knows {result['known_positives_per_batch']} positive per batch). "
+                 "DCS (VFLAIR, β = 0.5): 1/(1 + sqrt(0.5·max(0, AP − 0.5)² + 0.5·max(0, MP* − MP)²)), MP* = the "
+                 "undefended run of the same seed.")
+    return "\n".join(lines)

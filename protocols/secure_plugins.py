@@ -1,0 +1,212 @@
+"""``secvfl train`` flags for the secure-computation protocols: ``--he``, ``--secagg`` and ``--secure-channel``.
+
+* ``--he ckks`` (:class:`protocols.ckks.CKKSPlugin`): feature parties encrypt their outputs under the label party's
+  CKKS public key; an added ``aggregator`` party sums the ciphertexts; the label party decrypts only the sum.
+* ``--secagg mask`` (:class:`SecAggPlugin`): pairwise additive masks (:class:`protocols.secagg.MaskedAggregation`);
+  the receiver learns the exact fixed-point sum and nothing about a single party's output.
+* ``--secure-channel`` (:class:`ChannelPlugin`): every message is sealed end to end
+  (:class:`protocols.channel.SecureChannelLayer`, stack position 90, the outermost layer). Identity keys come from
+  ``--channel-keys DIR`` (``<party>.key.pem`` private keys and ``<party>.pub.pem`` pinned public keys), or, without
+  it, are generated in memory for this run only -- that protects the bytes on the wire of this process but proves
+  nothing about who the peers are across runs, so a warning is logged.
+
+Threat models are those of the protocol modules. ``--he`` and ``--secagg`` are alternatives (each replaces the plain
+aggregation); asking for both is refused up front.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from protocols.base import AlgorithmTraits, Topology
+from protocols.channel import (
+    ChannelCredentials,
+    IdentityKey,
+    PinnedKeys,
+    SecureChannelLayer,
+    require_outermost,
+)
+from protocols.ckks import CKKSPlugin
+from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
+from protocols.secagg import MaskedAggregation
+from secvfl.errors import ConfigError, UnsupportedError
+
+if TYPE_CHECKING:
+    from secvfl.algorithms.base import Algorithm, RunContext
+    from secvfl.config import TrainConfig
+
+__all__ = ["SecAggPlugin", "ChannelPlugin", "RunChannelLayer", "generate_channel_keys", "CHANNEL_POSITION"]
+
+log = logging.getLogger(__name__)
+
+CHANNEL_POSITION = 90  # outermost: seals whatever the inner layers produced
+
+
+def _he_requested(cfg: TrainConfig) -> bool:
+    return (cfg.option("he") or "none") != "none"
+
+
+class SecAggPlugin(ProtocolPlugin):
+    """``--secagg mask`` and ``--secagg-frac-bits`` for ``secvfl train``."""
+
+    name = "secagg"
+
+    def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
+        parser.add_argument(
+            "--secagg", choices=("none", "mask"), default="none",
+            help="masked secure aggregation of the parties' outputs (vafl, fdml): mask = pairwise additive masks "
+                 "(X25519 + AES-CTR); the label party learns only the sum. Alternative to --he ckks",
+        )
+        parser.add_argument(
+            "--secagg-frac-bits", type=int, default=24, metavar="F",
+            help="fixed-point fractional bits of --secagg mask (precision 2^-(F+1) per party and element; "
+                 "values must stay below 2^(62-F)/parties)",
+        )
+
+    def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
+        mode = cfg.option("secagg") or "none"
+        frac_bits = cfg.option("secagg_frac_bits")
+        frac_bits = 24 if frac_bits is None else int(frac_bits)
+        if mode == "none":
+            if frac_bits != 24:
+                raise UnsupportedError("--secagg-frac-bits only applies with --secagg mask")
+            return None
+        if mode != "mask":
+            raise ConfigError(f"unknown --secagg {mode!r}; choose none or mask")
+        if _he_requested(cfg):
+            raise UnsupportedError(
+                "--he ckks and --secagg mask both replace the aggregation of the parties' outputs and cannot be "
+                "combined; choose one (--he ckks: encrypted sum, needs an aggregator party; --secagg mask: faster, "
+                "masked sum)"
+            )
+        aggregation = MaskedAggregation(frac_bits=frac_bits)
+        problems = aggregation.check(traits)
+        if problems:
+            raise UnsupportedError("; ".join(problems))
+        return ProtocolSetup(aggregation=aggregation, summary=lambda: {"secagg": aggregation.describe()})
+
+
+class _CKKSTrainPlugin(CKKSPlugin):
+    """:class:`CKKSPlugin`, plus stopping its encryption workers when the run ends."""
+
+    def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
+        setup = super().configure(cfg, traits, ctx)
+        if setup is not None and setup.aggregation is not None and hasattr(setup.aggregation, "close"):
+            aggregation = setup.aggregation
+
+            def close(_run_dir: Path | None) -> None:
+                aggregation.close()
+
+            setup.on_finish.append(close)
+        return setup
+
+
+# -- secure channel --------------------------------------------------------------------------------------------
+def generate_channel_keys(directory: str | Path, parties: list[str], *, overwrite: bool = False) -> Path:
+    """Write ``<party>.key.pem`` (mode 0600) and ``<party>.pub.pem`` for each party into ``directory``.
+
+    For trying ``--channel-keys`` on one machine; in a real deployment each party generates its own key on its own
+    host and only the ``.pub.pem`` files are exchanged.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for party in parties:
+        key = IdentityKey.generate()
+        key.save(directory / f"{party}.key.pem", overwrite=overwrite)
+        key.save_public(directory / f"{party}.pub.pem")
+    return directory
+
+
+class RunChannelLayer(SecureChannelLayer):
+    """A :class:`SecureChannelLayer` whose credentials are resolved when the network is built.
+
+    The run's parties (feature parties, label party and any aggregator an aggregation adds) are known only then,
+    so the credentials are loaded from ``key_dir`` -- or generated for this run only when ``key_dir`` is None --
+    in :meth:`bind`.
+    """
+
+    name: ClassVar[str] = "secure-channel"
+
+    def __init__(self, key_dir: str | Path | None = None) -> None:  # noqa: D107 - credentials come in bind()
+        self.key_dir = Path(key_dir) if key_dir is not None else None
+        self._local = {}
+        self.sealed = self.opened = self.rejected = 0
+
+    def bind(self, topology: Topology) -> None:
+        parties = sorted(topology.roles)
+        if self.key_dir is None:
+            keys = {p: IdentityKey.generate() for p in parties}
+            pinned = PinnedKeys({p: k.public_key for p, k in keys.items()})
+            credentials = {p: ChannelCredentials(k, pinned) for p, k in keys.items()}
+        else:
+            credentials = self._load(parties)
+        SecureChannelLayer.__init__(self, credentials)
+        super().bind(topology)
+
+    def _load(self, parties: list[str]) -> dict[str, ChannelCredentials]:
+        assert self.key_dir is not None
+        if not self.key_dir.is_dir():
+            raise ConfigError(f"--channel-keys {self.key_dir}: no such directory")
+        missing = [f"{p}.{kind}.pem" for p in parties for kind in ("key", "pub")
+                   if not (self.key_dir / f"{p}.{kind}.pem").is_file()]
+        if missing:
+            raise ConfigError(
+                f"--channel-keys {self.key_dir} lacks {missing}; this run's parties are {parties}. Create them with "
+                "protocols.secure_plugins.generate_channel_keys(DIR, parties) or drop --channel-keys to use keys "
+                "generated for this run only"
+            )
+        pinned = PinnedKeys.from_dir(self.key_dir)
+        return {p: ChannelCredentials(IdentityKey.load(self.key_dir / f"{p}.key.pem"), pinned) for p in parties}
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["keys"] = str(self.key_dir) if self.key_dir is not None else "ephemeral (generated for this run only)"
+        return out
+
+
+class ChannelPlugin(ProtocolPlugin):
+    """``--secure-channel`` and ``--channel-keys DIR`` for ``secvfl train``."""
+
+    name = "channel"
+
+    def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
+        parser.add_argument(
+            "--secure-channel", action="store_true",
+            help="seal every message end to end (Ed25519-signed X25519 handshake, AES-256-GCM); outermost layer",
+        )
+        parser.add_argument(
+            "--channel-keys", default=None, metavar="DIR",
+            help="folder with <party>.key.pem (mode 0600) and <party>.pub.pem for every party of the run; "
+                 "default: identity keys generated in memory for this run only",
+        )
+
+    def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
+        key_dir = cfg.option("channel_keys")
+        if not cfg.option("secure_channel"):
+            if key_dir:
+                raise UnsupportedError("--channel-keys only applies with --secure-channel")
+            return None
+        if key_dir is None:
+            log.warning("--secure-channel without --channel-keys: identity keys were generated for this run only; "
+                        "pass --channel-keys DIR to authenticate parties with pinned long-term keys")
+        layer = RunChannelLayer(key_dir)
+
+        def handshake(algo: Algorithm) -> None:
+            require_outermost(algo.net.layers)
+            layer.establish(algo.net)
+
+        return ProtocolSetup(
+            layers=[(CHANNEL_POSITION, layer)],
+            attach=[handshake],
+            summary=lambda: {"security": {"secure_channel": True,
+                                          "channel_keys": "pinned from directory" if key_dir else "ephemeral",
+                                          "messages_sealed": layer.sealed, "messages_opened": layer.opened}},
+        )
+
+
+PROTOCOLS.add("he", _CKKSTrainPlugin())
+PROTOCOLS.add("secagg", SecAggPlugin())
+PROTOCOLS.add("channel", ChannelPlugin())
