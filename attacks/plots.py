@@ -101,6 +101,9 @@ def plot_reconstruction(path: Path, details: dict[str, Any], title: str) -> Path
            color="tab:gray")
     ax.axhline(details["constant_half_mse"], color="k", ls=":", lw=1,
                label=f"always 0.5 (mean {details['constant_half_mse']:.4f})")
+    if "mean_guess_mse_per_feature" in details:
+        ax.plot(x, details["mean_guess_mse_per_feature"], "k_", markersize=18, mew=2,
+                label=f"each feature's mean (mean {details['mean_guess_mse']:.4f})")
     ax.set_xlabel("target feature")
     ax.set_ylabel("MSE, features scaled to [0, 1]")
     ax.set_title(title)

@@ -61,6 +61,7 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.algorithms.missing_flags",
     "protocols.dp.plugin",
     "protocols.secure_plugins",
+    "protocols.compression",
 ]
 _loaded = False
 

@@ -109,7 +109,7 @@ def test_grid_writes_table_plot_and_reports_refused_defences(tmp_path: Path) -> 
     result = json.loads((d / "grid.json").read_text())
     none, dp = result["rows"][0], result["rows"][1]
     assert none["defence"] == "none" and none["dcs"]["direction"]["mean"] < 1.0
-    assert dp["privacy"]["epsilon"] == pytest.approx(3.0)
+    assert 0.99 * 3.0 <= dp["privacy"]["epsilon"] <= 3.0  # calibrated: never above the target, within 1%
     assert (d / "grid.png").is_file()
 
 

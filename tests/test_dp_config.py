@@ -66,10 +66,15 @@ def test_noise_multiplier_overrides_and_reports_epsilon() -> None:
 
 
 def test_clip_modes_set_the_sensitivity() -> None:
-    assert plan_dp(DPConfig(epsilon=3.0, clip_norm=2.0), **RUN, loss="bce").sensitivity == 2.0
-    assert plan_dp(DPConfig(epsilon=3.0, clip_norm=2.0), **RUN, loss="ce").clip_mode == "softmax"
-    assert plan_dp(DPConfig(epsilon=3.0, clip_norm=2.0, clip="gradient"), **RUN).sensitivity == 4.0
+    # default (residual): bounded losses need no clip; other losses clip the residual to C
+    assert plan_dp(DPConfig(epsilon=3.0, clip_norm=2.0), **RUN, loss="bce").sensitivity == 1.0
+    res_ce = plan_dp(DPConfig(epsilon=3.0, clip_norm=2.0), **RUN, loss="ce")
+    assert res_ce.clip_mode == "residual" and res_ce.sensitivity == pytest.approx(math.sqrt(2))
     assert plan_dp(DPConfig(epsilon=3.0, clip_norm=2.0), **RUN, loss="mse").sensitivity == 4.0
+    # Jacobian clipping: C; loss-gradient clipping: 2C
+    assert plan_dp(DPConfig(epsilon=3.0, clip_norm=2.0, clip="jacobian"), **RUN, loss="bce").sensitivity == 2.0
+    assert plan_dp(DPConfig(epsilon=3.0, clip_norm=2.0, clip="jacobian"), **RUN, loss="ce").clip_mode == "softmax"
+    assert plan_dp(DPConfig(epsilon=3.0, clip_norm=2.0, clip="gradient"), **RUN).sensitivity == 4.0
     feat = plan_dp(DPConfig(epsilon=3.0, protects="features"), **RUN)
     assert feat.releases_per_sample == 20 and feat.sensitivity == 2.0
 
@@ -82,7 +87,7 @@ def test_accountants_change_the_calibration() -> None:
 
 
 def test_summary_has_the_required_keys_and_values() -> None:
-    plan = plan_dp(DPConfig(epsilon=3.0, clip_norm=0.7), **RUN)
+    plan = plan_dp(DPConfig(epsilon=3.0, clip_norm=0.7, clip="jacobian"), **RUN)
     s = privacy_summary(plan, secure_rng=True)
     for key in ("mechanism", "protects", "epsilon", "delta", "accountant", "noise_multiplier", "clip_norm",
                 "neighbouring", "secure_rng"):
@@ -90,6 +95,8 @@ def test_summary_has_the_required_keys_and_values() -> None:
     assert s["mechanism"] == "gradient" and s["protects"] == "labels" and s["accountant"] == "rdp"
     assert s["epsilon"] <= 3.0 and s["clip_norm"] == 0.7 and s["secure_rng"] is True
     assert "label" in s["neighbouring"]
+    residual = privacy_summary(plan_dp(DPConfig(epsilon=3.0, clip_norm=0.7), **RUN), secure_rng=True)
+    assert residual["clip_norm"] is None and residual["sensitivity"] == 1.0 and residual["clip_mode"] == "residual"
     rr = privacy_summary(plan_dp(DPConfig(epsilon=2.0, mechanism="rr"), **RUN), secure_rng=False)
     assert rr["delta"] == 0.0 and rr["epsilon"] == 2.0 and rr["noise_multiplier"] is None and rr["accountant"] == "pure"
 

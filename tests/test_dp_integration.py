@@ -34,7 +34,7 @@ def test_label_dp_runs_with_each_split_algorithm_and_reports(tmp_path, algo: str
                      progress=False, log=lines.append)
     p = s["privacy"]
     assert p["mechanism"] == "gradient" and p["protects"] == "labels" and p["epsilon"] <= 3.0
-    assert p["secure_rng"] is True and p["accountant"] == "rdp" and p["clip_norm"] == 1.0
+    assert p["secure_rng"] is True and p["accountant"] == "rdp" and p["clip_mode"] == "residual"
     assert p["released"]["steps"] == 2 * -(-p["n_train"] // 64) and p["within_plan"] is True
     saved = json.loads((tmp_path / algo / "summary.json").read_text())
     assert saved["privacy"]["noise_multiplier"] == p["noise_multiplier"]
@@ -46,6 +46,9 @@ def test_label_dp_runs_with_each_split_algorithm_and_reports(tmp_path, algo: str
 def test_label_dp_multiclass_uses_softmax_reduction() -> None:
     s = run_training(_cfg(dataset="wine", epochs=1, batch_size=32, options={"privacy": "dp", "epsilon": 5.0}),
                      progress=False, log=_quiet)
+    assert s["privacy"]["clip_mode"] == "residual" and s["privacy"]["sensitivity"] == pytest.approx(2**0.5)
+    s = run_training(_cfg(dataset="wine", epochs=1, batch_size=32,
+                          options={"privacy": "dp", "epsilon": 5.0, "dp_clip": "jacobian"}), progress=False, log=_quiet)
     assert s["privacy"]["clip_mode"] == "softmax" and s["privacy"]["sensitivity"] == 1.0
 
 
@@ -60,14 +63,17 @@ def test_rule_without_noise_equals_standard_backward_through_the_label_party(alg
     scale = alg._scale("train", ids)
     aggregated = alg.aggregation != "concat"
     results = []
-    for rule in (standard_backward, LabelDPRule(loss="bce", clip_norm=1e9, noise_multiplier=0.0, noise=SeededNoise(0))):
+    rules = [LabelDPRule(loss="bce", clip_norm=1e9, noise_multiplier=0.0, noise=SeededNoise(0), clip=clip)
+             for clip in ("residual", "jacobian", "gradient")]
+    for rule in (standard_backward, *rules):
         xs = lp._inputs(received)
         lp.head.zero_grad(set_to_none=True)
         rule(lp.head, lambda t: lp._forward(t, aggregated, scale), xs, lp.labels("train", ids), lp.loss_fn)
         results.append(([x.grad.clone() for x in xs], [p.grad.clone() for p in lp.head.parameters()]))
-    (xa, pa), (xb, pb) = results
-    for a, b in zip(xa + pa, xb + pb, strict=True):
-        assert torch.allclose(a, b, atol=1e-6)
+    (xa, pa), *others = results
+    for xb, pb in others:
+        for a, b in zip(xa + pa, xb + pb, strict=True):
+            assert torch.allclose(a, b, atol=1e-6)
 
 
 def test_rr_randomises_training_labels_once_and_resume_reuses_them(tmp_path) -> None:

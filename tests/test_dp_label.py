@@ -39,8 +39,9 @@ def _loss(out: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "loss, k, clip, hidden",
-    [("bce", 1, "auto", 0), ("bce", 1, "gradient", 6), ("ce", 4, "auto", 6), ("ce", 2, "auto", 0),
-     ("ce", 3, "gradient", 0), ("mse", 1, "auto", 4)],
+    [("bce", 1, "auto", 0), ("bce", 1, "jacobian", 3), ("bce", 1, "gradient", 6), ("ce", 4, "auto", 6),
+     ("ce", 4, "jacobian", 6), ("ce", 2, "jacobian", 0), ("ce", 3, "gradient", 0), ("mse", 1, "auto", 4),
+     ("mse", 1, "gradient", 4)],
 )
 def test_without_noise_and_clipping_it_is_the_ordinary_backward(loss: str, k: int, clip: str, hidden: int) -> None:
     torch.manual_seed(0)
@@ -64,21 +65,61 @@ def test_every_released_joint_row_is_clipped_before_noise(loss: str, k: int) -> 
     torch.manual_seed(1)
     head = ConcatHead(8, k, hidden=5)
     xs, y = _batch(k=max(k, 2))
-    mech = LabelDPBackward(head, loss=loss, clip_norm=0.05, noise_multiplier=1.0, noise=SeededNoise(0))
+    mech = LabelDPBackward(head, loss=loss, clip_norm=0.05, noise_multiplier=1.0, noise=SeededNoise(0), clip="jacobian")
     release, _ = mech.per_sample_release(xs, y)
     norms = joint_norms([p.to(torch.float32) for p in release.parts])  # rows of all parties + head, jointly
     assert torch.all(norms <= 0.05)
     assert release.clipped_fraction > 0.5  # the test really clips
 
 
+@pytest.mark.parametrize("loss, k, sensitivity", [("bce", 1, 1.0), ("ce", 5, 2**0.5)])
+def test_residual_noise_equals_multiplier_times_sensitivity(loss: str, k: int, sensitivity: float) -> None:
+    """Default mode: the regression multiplier times the residual's sensitivity is the noise actually added."""
+    sigma = calibrate_noise_multiplier(3.0, 1e-5, 20)
+    assert sigma == pytest.approx(6.68, abs=0.01)
+    torch.manual_seed(2)
+    head = ConcatHead(30, k, hidden=4)
+    xs, y = _batch(b=2000, dims=(10, 20), k=max(k, 2))
+    mech = LabelDPBackward(head, loss=loss, clip_norm=0.5, noise_multiplier=sigma, noise=SeededNoise(3))
+    assert mech.mode == "residual" and mech.sensitivity == pytest.approx(sensitivity)
+    mech(xs, y)
+    exact, noisy = mech.rule.last_residuals
+    added = (noisy - exact).reshape(-1)
+    assert float(added.std()) == pytest.approx(sigma * sensitivity, rel=0.03)
+    assert abs(float(added.mean())) < 4 * sigma * sensitivity / added.numel() ** 0.5
+
+
+@pytest.mark.parametrize("loss, k", [("bce", 1), ("ce", 4)])
+def test_residual_mode_neighbours_differ_only_in_the_canary_residual(loss: str, k: int) -> None:
+    """Everything released is computed from the noisy residuals; one label moves one residual by <= Delta."""
+    torch.manual_seed(4)
+    head = ConcatHead(8, k, hidden=6)
+    b = 32
+    xs, y = _batch(b=b, k=max(k, 2))
+    y2 = y.clone()
+    y2[7] = (y[7] + 1) % max(k, 2)
+    runs = []
+    for labels in (y, y2):
+        mech = LabelDPBackward(head, loss=loss, clip_norm=0.3, noise_multiplier=2.0, noise=SeededNoise(9))
+        step = mech(xs, labels)
+        runs.append((step, mech.rule.last_residuals[1]))
+    (a, ra), (c, rc) = runs
+    diff = (ra - rc).norm(dim=1)
+    assert torch.all(diff[torch.arange(b) != 7] == 0)
+    assert 0 < float(diff[7]) <= mech.sensitivity * (1 + 1e-12)
+    for u, v in zip(a.input_grads, c.input_grads, strict=True):
+        others = torch.arange(b) != 7
+        assert torch.equal(u[others], v[others])  # other samples' rows are bit-identical
+
+
 def test_noise_added_equals_multiplier_times_joint_sensitivity() -> None:
-    """The regression multiplier (20 releases, eps 3, delta 1e-5) is what ends up in the released rows."""
+    """Jacobian/gradient modes: the regression multiplier is what ends up in the released rows."""
     sigma = calibrate_noise_multiplier(3.0, 1e-5, 20)
     b = 400
     torch.manual_seed(2)
     head = ConcatHead(30, 1)
     xs, y = _batch(b=b, dims=(10, 20))
-    for clip, expected_sensitivity in (("auto", 0.5), ("gradient", 1.0)):
+    for clip, expected_sensitivity in (("jacobian", 0.5), ("gradient", 1.0)):
         mech = LabelDPBackward(head, loss="bce", clip_norm=0.5, noise_multiplier=sigma, noise=SeededNoise(3), clip=clip)
         clean = LabelDPBackward(head, loss="bce", clip_norm=0.5, noise_multiplier=0.0, noise=SeededNoise(3), clip=clip)
         noisy, exact = mech(xs, y), clean(xs, y)
@@ -94,7 +135,7 @@ def test_noise_added_equals_multiplier_times_joint_sensitivity() -> None:
 
 @pytest.mark.parametrize("loss, k", [("bce", 1), ("ce", 4)])
 def test_changing_one_label_changes_the_transcript_only_within_the_sensitivity(loss: str, k: int) -> None:
-    """Neighbouring datasets, same noise seed: only the canary's row and the head sum move, by <= Delta jointly."""
+    """Jacobian mode, same noise seed: only the canary's row and the head sum move, by <= Delta jointly."""
     torch.manual_seed(4)
     head = ConcatHead(8, k, hidden=6)
     b = 32
@@ -104,7 +145,8 @@ def test_changing_one_label_changes_the_transcript_only_within_the_sensitivity(l
     clip = 0.3
     runs = []
     for labels in (y, y2):
-        mech = LabelDPBackward(head, loss=loss, clip_norm=clip, noise_multiplier=2.0, noise=SeededNoise(9))
+        mech = LabelDPBackward(head, loss=loss, clip_norm=clip, noise_multiplier=2.0, noise=SeededNoise(9),
+                               clip="jacobian")
         runs.append(mech(xs, labels))
     a, c = runs
     row_diff = [(u - v) * b for u, v in zip(a.input_grads, c.input_grads, strict=True)]
@@ -125,7 +167,8 @@ def test_refusals() -> None:
         LabelDPBackward(nn.Linear(3, 1), loss="bce", clip_norm=0.0, noise_multiplier=1.0, noise=SeededNoise(0))
     with pytest.raises(UnsupportedError, match="Jacobian clipping"):
         clip_mode_for("mse", "jacobian")
-    assert clip_mode_for("mse") == "gradient"
+    assert clip_mode_for("mse") == "residual"
+    assert clip_mode_for("bce", "jacobian") == "bce" and clip_mode_for("ce", "jacobian") == "softmax"
     mech = LabelDPBackward(nn.Linear(3, 1), loss="bce", clip_norm=1.0, noise_multiplier=1.0, noise=SeededNoise(0))
     with pytest.raises(ConfigError, match="rows"):
         mech([torch.ones(4, 3)], torch.ones(5))
@@ -137,8 +180,10 @@ def test_apply_writes_head_gradients_and_chunking_is_invisible() -> None:
     torch.manual_seed(5)
     head = ConcatHead(8, 3, hidden=4)
     xs, y = _batch(b=50, k=3)
-    full = LabelDPBackward(head, loss="ce", clip_norm=0.2, noise_multiplier=1.0, noise=SeededNoise(1))(xs, y)
-    chunked_mech = LabelDPBackward(head, loss="ce", clip_norm=0.2, noise_multiplier=1.0, noise=SeededNoise(1), chunk=7)
+    full = LabelDPBackward(head, loss="ce", clip_norm=0.2, noise_multiplier=1.0, noise=SeededNoise(1),
+                           clip="jacobian")(xs, y)
+    chunked_mech = LabelDPBackward(head, loss="ce", clip_norm=0.2, noise_multiplier=1.0, noise=SeededNoise(1), chunk=7,
+                                   clip="jacobian")
     chunked = chunked_mech(xs, y)
     for u, v in zip(full.input_grads, chunked.input_grads, strict=True):
         assert torch.allclose(u, v, atol=1e-7)

@@ -237,5 +237,8 @@ def test_local_and_ensemble_predict_from_own_blocks():
     for row in range(len(mask)):
         obs = np.flatnonzero(mask[row])
         assert len(set(p_ens[row, obs].tolist())) == 1  # every observed party outputs the same vote
+        counts = np.bincount(p_local[row, obs], minlength=2)
+        if counts.max() > len(obs) / 2:  # a strict majority of the Local predictions wins the vote
+            assert p_ens[row, obs[0]] == counts.argmax()
     assert ens.net.stats.messages_by_kind["prediction"] > 0
     assert local.score("test", mask)["accuracy"] > 0.9 and ens.score("test", mask)["accuracy"] > 0.9

@@ -283,4 +283,4 @@ def test_flat_optimizer_matches_torch_optim_with_skipped_groups(name):
     state = flat.state_dict()
     other = FlatOptimizer([list(copy.deepcopy(m).parameters()) for m in mods], name, 0.01, 0.1)
     other.load_state_dict(state)
-    assert other.steps == flat.steps
+    assert torch.equal(other.steps, flat.steps)

@@ -29,10 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
+from protocols.dp.denoise import LabelPosterior
 from protocols.dp.mechanisms import (
     LABEL_NEIGHBOURING,
     Release,
@@ -146,6 +148,7 @@ class LabelDPRule:
         clip: str = "auto",
         head_weight: float = 1.0,
         chunk: int = 0,
+        posterior_rows: int | None = None,
     ) -> None:
         if not clip_norm > 0:
             raise ConfigError(f"DP clip norm must be > 0, got {clip_norm}")
@@ -170,6 +173,14 @@ class LabelDPRule:
         self.pending_release = False
         self.last: LabelDPStep | None = None
         self.last_residuals: tuple[torch.Tensor, torch.Tensor] | None = None  # (exact, noisy), residual mode
+        # optional post-processing (residual mode, bce/ce): soft labels from all of a sample's releases so far
+        self.posterior: LabelPosterior | None = None
+        self.posterior_rows: int | None = None
+        self.batch_ids: np.ndarray | None = None
+        if posterior_rows is not None:
+            if self.mode != "residual" or self.loss not in ("bce", "ce"):
+                raise UnsupportedError("the label posterior needs --dp-clip residual and a bce or ce loss")
+            self.posterior_rows = int(posterior_rows)
 
     @property
     def neighbouring(self) -> str:
@@ -313,6 +324,18 @@ class LabelDPRule:
         with torch.no_grad():
             loss = float(loss_fn(logits.detach(), labels))
         noisy = self.noise.add_gaussian(r, self.noise_std)  # the only label-dependent release
+        self.last_residuals = (r, noisy)
+        if self.posterior is None and self.posterior_rows is not None:
+            self.posterior = LabelPosterior(self.posterior_rows, r.shape[1], self.noise_std)
+        if self.posterior is not None:
+            # post-processing: the release is an observation of the label; train on the posterior soft label
+            if self.batch_ids is None or len(self.batch_ids) != b:
+                raise ConfigError("label DP with a posterior needs the batch's row ids (set rule.batch_ids)")
+            base = (torch.sigmoid(logits.detach().to(torch.float64).reshape(b, 1)) if self.loss == "bce"
+                    else torch.softmax(logits.detach().to(torch.float64).reshape(b, -1), dim=1))
+            self.posterior.update(self.batch_ids, base - noisy)
+            noisy = base - self.posterior.soft_labels(self.batch_ids)
+            self.batch_ids = None
         params = [(n, p) for n, p in head.named_parameters() if p.requires_grad]
         grads = torch.autograd.grad(
             logits, [*inputs, *(p for _, p in params)],
@@ -326,7 +349,6 @@ class LabelDPRule:
         self.steps += 1
         self.rows_released += b
         self.last = LabelDPStep(input_grads, head_grads, loss, 0.0, self.noise_std, self.sensitivity, b)
-        self.last_residuals = (r, noisy)
         return self.last
 
     def __call__(

@@ -58,6 +58,7 @@ DP_FLAGS = {
     "dp_reproducible": "--dp-reproducible",
     "dp_head_weight": "--dp-head-weight",
     "dp_parties": "--dp-parties",
+    "dp_denoise": "--dp-denoise",
 }
 
 
@@ -168,6 +169,8 @@ class DPLayer(Layer):
         if self.rule is not None:
             state["rule"] = {"steps": self.rule.steps, "rows_released": self.rule.rows_released,
                              "clipped_rows": self.rule.clipped_rows}
+            if self.rule.posterior is not None:
+                state["posterior"] = self.rule.posterior.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -179,6 +182,13 @@ class DPLayer(Layer):
             self.rule.steps = int(state["rule"]["steps"])
             self.rule.rows_released = int(state["rule"]["rows_released"])
             self.rule.clipped_rows = float(state["rule"]["clipped_rows"])
+            if "posterior" in state and self.rule.posterior_rows is not None:
+                from protocols.dp.denoise import LabelPosterior
+
+                p = state["posterior"]
+                self.rule.posterior = LabelPosterior(self.rule.posterior_rows, int(p["sums"].shape[1]),
+                                                     self.rule.noise_std)
+                self.rule.posterior.load_state_dict(p)
 
 
 def _protect_feature_party(fp: Any, mech: FeatureDP, layer: DPLayer) -> None:
@@ -253,6 +263,9 @@ class DPPlugin(ProtocolPlugin):
                        help="seeded noise instead of the secure generator (debugging only; the summary says so)")
         p.add_argument("--dp-head-weight", type=float, default=None,
                        help="labels/gradient: weight of the head's part in the joint clipping (default 1)")
+        p.add_argument("--dp-denoise", choices=["none", "posterior"], default=None,
+                       help="labels/gradient (residual): train on Bayesian soft labels combining all of a sample's "
+                            "noisy releases so far (post-processing, no privacy cost)")
         p.add_argument("--dp-parties", default=None,
                        help="features: comma-separated feature parties that protect their rows (default: all)")
 
@@ -321,12 +334,22 @@ def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, c
         if lp is None or not hasattr(lp, "backward_rule"):
             raise UnsupportedError(f"label DP needs an algorithm with one label party; {algo.name} has none")
         if c.mechanism == "gradient":
+            denoise = (cfg.option("dp_denoise") or "none") == "posterior"
             rule = LabelDPRule(
                 loss="bce" if n_classes == 2 else "ce", clip_norm=c.clip_norm, noise_multiplier=plan.noise_multiplier,
                 noise=noise.derive("label-dp"), clip=c.clip, head_weight=c.head_weight,
+                posterior_rows=int(lp.labels("train").shape[0]) if denoise else None,
             )
             lp.backward_rule = rule
             layer.rule = rule
+            if denoise:
+                original_step = lp.train_step
+
+                def train_step(step: int, ids: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+                    rule.batch_ids = np.asarray(ids)  # the label party's own bookkeeping of its rows
+                    return original_step(step, ids, *args, **kwargs)
+
+                lp.train_step = train_step
         else:
             true = lp.labels("train").cpu().numpy()
 

@@ -34,6 +34,34 @@ def privacy_summary(plan: DPPlan, *, secure_rng: bool) -> dict[str, Any]:
     return plan.to_summary(secure_rng=secure_rng)
 
 
+_RESIDUAL_WORDS = {
+    "bce": "the derivative of its loss with respect to its logit, sigmoid(z) - y, which a changed label moves by "
+    "exactly 1",
+    "ce": "the derivative of its loss with respect to its logits, softmax(z) - onehot(y), which a changed label "
+    "moves by sqrt(2)",
+}
+
+
+def _how_words(plan: DPPlan) -> str:
+    sigma, sens = _num(plan.noise_multiplier or 0), _num(plan.sensitivity or 0)
+    if plan.clip_mode == "residual":
+        what = _RESIDUAL_WORDS.get(plan.loss, f"the derivative of its loss with respect to its logits, clipped to "
+                                              f"L2 norm {_num(plan.config.clip_norm)} (so a changed label moves it "
+                                              f"by at most twice that)")
+        return (
+            "In every step, the only quantity that depends on a sample's label -- " + what + " -- was perturbed with "
+            f"Gaussian noise of {sigma} times that sensitivity ({sens}), and the gradients sent to the feature "
+            "parties as well as the head's update were computed from the noisy values only, so they are "
+            "post-processing."
+        )
+    return (
+        "In every step, each sample's joint contribution (its gradient row across all feature parties together "
+        f"with its effect on the head) was bounded {_CLIP_WORDS[plan.clip_mode or 'gradient']} "
+        f"({_num(plan.config.clip_norm)}), giving an L2 sensitivity of {sens}, and Gaussian noise of {sigma} times "
+        "that sensitivity was added."
+    )
+
+
 def _accountant_words(plan: DPPlan) -> str:
     if plan.accountant == "pure":
         return "a single pure-DP mechanism per label (no composition needed)"
@@ -84,11 +112,8 @@ def privacy_statement(
             f"computed with {_accountant_words(plan)}. It protects each training sample's label from the feature "
             "parties, even if they all collude: for any two training sets that differ only in one sample's label, "
             "everything the label party sent them (the cut-layer gradients) and every update of its head, hence the "
-            f"trained model, are ({_num(eps)}, {_num(delta)})-indistinguishable. In every step, each sample's joint "
-            "contribution (its gradient row across all feature parties together with its effect on the head) was "
-            f"bounded {_CLIP_WORDS[plan.clip_mode or 'gradient']} ({_num(plan.config.clip_norm)}), giving an L2 "
-            f"sensitivity of {_num(plan.sensitivity or 0)}, and Gaussian noise of {_num(plan.noise_multiplier or 0)} "
-            f"times that sensitivity was added. Each sample was released {plan.releases_per_sample} times "
+            f"trained model, are ({_num(eps)}, {_num(delta)})-indistinguishable. " + _how_words(plan) + " "
+            f"Each sample was released {plan.releases_per_sample} times "
             f"({plan.epochs} epochs); no amplification by subsampling is claimed, because the feature parties know "
             "which samples are in each batch. Not protected: the features, batch membership, the number of samples "
             "and classes, and the labels from the label party itself, which holds them."

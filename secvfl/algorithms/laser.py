@@ -90,6 +90,7 @@ class LaserParty:
         self._own_grad: torch.Tensor | None = None
         self._peers: tuple[str, ...] = ()
         self._training: bool | None = None
+        self._rows: torch.Tensor | None = None
 
     def __repr__(self) -> str:  # never print data or models
         return f"LaserParty({self.name!r})"
@@ -107,11 +108,12 @@ class LaserParty:
     # -- training step ----------------------------------------------------------------------------------------
     def represent(self, step: int, split: str, ids: np.ndarray, peers: Sequence[str], *, train: bool) -> list[Message]:
         """``f_k`` on rows ``ids``: one embedding message per peer (the other observed parties)."""
-        x = self._x[split][torch.as_tensor(ids, device=self.device)]
+        rows = torch.as_tensor(ids, device=self.device)
+        x = self._x[split][rows]
         self._mode(train)
         if train:
             out = self.f(x)
-            self._rep, self._own_grad, self._peers = out, None, tuple(peers)
+            self._rep, self._own_grad, self._peers, self._rows = out, None, tuple(peers), rows
         else:
             with torch.no_grad():
                 out = self.f(x)
@@ -142,7 +144,7 @@ class LaserParty:
         reps = self._stack(self._rep.detach(), observed, names, received).requires_grad_(True)
         table = TaskTable.of(self.index, tuple(observed))
         _, matrix = table.draw(self._rng)
-        y = self._y["train"][torch.as_tensor(ids, device=self.device)]
+        y = self._y["train"][self._rows]
         loss, _ = weighted_task_loss(self.g, reps, matrix.to(device=self.device, dtype=self.dtype),
                                      table.weights.to(device=self.device), y, self.loss_fn)
         # autograd.grad instead of backward(): gradients are written, not accumulated, so no zero_grad pass.
@@ -155,23 +157,23 @@ class LaserParty:
                 self._own_grad = rep_grads[i]
             else:
                 out.append(Message("gradient", self.name, name, step, {"gradient": rep_grads[i]}))
-        return float(loss.detach()), out
+        return loss.item(), out
 
     def apply_gradients(self, received: Sequence[Message]) -> None:
         """Sum the peers' gradients w.r.t. ``f_k``'s output with its own, backprop, and step ``f_k`` and ``g_k``."""
         if self._rep is None or self._own_grad is None:
             raise PartyIsolationError(f"{self.name} received gradients without a pending training step")
-        total = self._own_grad.clone()
-        senders = set()
+        parts = [self._own_grad]
         for m in received:
             g = require_wire(m).tensor("gradient").to(device=self.device, dtype=self.dtype)
-            if g.shape != total.shape:
+            if g.shape != self._own_grad.shape:
                 raise PartyIsolationError(f"{self.name}: gradient of shape {tuple(g.shape)} from {m.sender}, "
-                                          f"expected {tuple(total.shape)}")
-            total += g
-            senders.add(m.sender)
-        if senders != set(self._peers):
-            raise PartyIsolationError(f"{self.name} expected gradients from {sorted(self._peers)}, got {sorted(senders)}")
+                                          f"expected {tuple(self._own_grad.shape)}")
+            parts.append(g)
+        if sorted(m.sender for m in received) != sorted(self._peers):
+            raise PartyIsolationError(f"{self.name} expected gradients from {sorted(self._peers)}, "
+                                      f"got {sorted(m.sender for m in received)}")
+        total = torch.stack(parts).sum(dim=0) if len(parts) > 1 else parts[0]
         f_grads = torch.autograd.grad(self._rep, self._f_params, total)
         self.optimizer.set_grads(0, [*f_grads, *self._g_grads])
         self.optimizer.step()

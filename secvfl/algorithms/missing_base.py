@@ -16,7 +16,6 @@ outside the federation and sends nothing between parties.
 
 from __future__ import annotations
 
-import math
 from abc import abstractmethod
 from typing import Any, ClassVar
 
@@ -53,16 +52,18 @@ def make_optimizer_fast(params: list[nn.Parameter], name: str, lr: float, weight
 
 
 class FlatOptimizer:
-    """A party's parameters in flat buffers, one per group, stepped with torch.optim's Adam/AdamW/SGD update.
+    """A party's parameters in one flat buffer, updated with torch.optim's Adam/AdamW/SGD rule in a few
+    whole-buffer operations.
 
-    Why: the models here are tiny (hundreds of weights), so ``torch.optim``'s per-call Python work costs more than
-    the arithmetic. Each group's parameters are re-pointed into one contiguous buffer (the modules keep working
-    unchanged), gradients are concatenated once, and the update is a handful of whole-buffer operations.
+    Why: the models here are tiny (hundreds of weights), so ``torch.optim``'s per-call, per-parameter Python work
+    costs more than the arithmetic. The parameters are re-pointed into one contiguous buffer (the modules keep
+    working unchanged) and each step is a constant number of tensor operations, however many models a party has.
 
-    Groups step independently: a group that received no gradient this step is left alone, exactly like
-    ``torch.optim`` skips parameters whose ``.grad`` is None (Combinatorial trains only some predictors per batch).
-    The update rules are those of ``torch.optim.Adam`` (L2 weight decay added to the gradient), ``AdamW``
-    (decoupled decay) and ``SGD`` (no momentum, as ``make_optimizer`` builds it); betas (0.9, 0.999), eps 1e-8.
+    Parameters come in groups (one per model) that step independently: a group that received no gradient this step
+    is left alone -- no decay, no moment update, no step count -- exactly like ``torch.optim`` skips parameters
+    whose ``.grad`` is None (Combinatorial trains only some predictors per batch). Update rules: ``torch.optim.Adam``
+    (L2 weight decay added to the gradient), ``AdamW`` (decoupled decay), ``SGD`` (no momentum, as
+    ``make_optimizer`` builds it); betas (0.9, 0.999), eps 1e-8.
     """
 
     def __init__(self, groups: list[list[nn.Parameter]], name: str, lr: float, weight_decay: float) -> None:
@@ -70,68 +71,86 @@ class FlatOptimizer:
             raise ConfigError(f"unknown optimiser {name!r}; choose one of adam, adamw, sgd")
         self.name, self.lr, self.weight_decay = name, float(lr), float(weight_decay)
         self.betas, self.eps = (0.9, 0.999), 1e-8
-        self.flats: list[torch.Tensor] = []
-        self.params: list[list[nn.Parameter]] = []
-        for group in groups:
-            group = [p for p in group if p.requires_grad]
-            if not group:
-                self.flats.append(torch.zeros(0))
-                self.params.append([])
-                continue
-            flat = torch.cat([p.detach().reshape(-1) for p in group])
-            offset = 0
-            for p in group:  # the parameter now lives inside the flat buffer
-                n = p.numel()
-                p.data = flat[offset : offset + n].view_as(p)
-                offset += n
-            self.flats.append(flat)
-            self.params.append(group)
-        self.steps = [0] * len(self.flats)
-        self.exp_avg = [torch.zeros_like(f) for f in self.flats]
-        self.exp_avg_sq = [torch.zeros_like(f) for f in self.flats]
+        self.groups = [[p for p in g if p.requires_grad] for g in groups]
+        params = [p for g in self.groups for p in g]
+        self.sizes = [sum(p.numel() for p in g) for g in self.groups]
+        self.flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else torch.zeros(0)
+        offset = 0
+        for p in params:  # the parameter now lives inside the flat buffer
+            n = p.numel()
+            p.data = self.flat[offset : offset + n].view_as(p)
+            offset += n
+        self.bounds = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.steps = torch.zeros(len(self.groups), dtype=torch.float64)
+        self.exp_avg = torch.zeros_like(self.flat)
+        self.exp_avg_sq = torch.zeros_like(self.flat)
+        self._sizes_t = torch.as_tensor(self.sizes, dtype=torch.int64)
         self._grads: dict[int, torch.Tensor] = {}
 
-    def set_grads(self, group: int, grads: list[torch.Tensor]) -> None:
+    def set_grads(self, group: int, grads: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> None:
         """Gradients of group ``group``'s parameters, in their order; accumulated if set twice in one step."""
         g = torch.cat([x.reshape(-1) for x in grads]) if len(grads) > 1 else grads[0].reshape(-1)
-        if group in self._grads:
-            self._grads[group] = self._grads[group] + g
-        else:
-            self._grads[group] = g
+        self._grads[group] = self._grads[group] + g if group in self._grads else g
+
+    def _gather(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The full-buffer gradient (zeros for idle groups) and, if some group is idle, masks of active groups."""
+        n = len(self.groups)
+        if len(self._grads) == n:
+            return torch.cat([self._grads[i] for i in range(n)]), None, None
+        pieces, active = [], torch.zeros(n, dtype=torch.bool)
+        for i in range(n):
+            if i in self._grads:
+                pieces.append(self._grads[i])
+                active[i] = True
+            else:
+                pieces.append(self.flat.new_zeros(self.sizes[i]))
+        elem = torch.repeat_interleave(active, self._sizes_t)
+        return torch.cat(pieces), active, elem
 
     def step(self) -> None:
+        if not self._grads:
+            return
+        g, active, elem = self._gather()
+        self._grads = {}
+        p = self.flat
+        if self.name == "sgd":
+            if self.weight_decay:
+                g = g.add(p, alpha=self.weight_decay) if elem is None else g.add(p * elem, alpha=self.weight_decay)
+            p.add_(g, alpha=-self.lr)
+            return
         b1, b2 = self.betas
-        for i, g in self._grads.items():
-            p = self.flats[i]
-            if self.name == "sgd":
-                if self.weight_decay:
-                    g = g.add(p, alpha=self.weight_decay)
-                p.add_(g, alpha=-self.lr)
-                continue
-            self.steps[i] += 1
-            t = self.steps[i]
-            if self.name == "adamw":
-                p.mul_(1 - self.lr * self.weight_decay)
-            elif self.weight_decay:
-                g = g.add(p, alpha=self.weight_decay)
-            m, v = self.exp_avg[i], self.exp_avg_sq[i]
+        if active is None:
+            self.steps += 1
+        else:
+            self.steps[active] += 1
+        t = torch.repeat_interleave(self.steps, self._sizes_t).to(p.dtype)
+        if self.name == "adamw":
+            decay = 1 - self.lr * self.weight_decay
+            p.mul_(decay if elem is None else torch.where(elem, decay, 1.0))
+        elif self.weight_decay:
+            g = g.add(p, alpha=self.weight_decay)
+        m, v = self.exp_avg, self.exp_avg_sq
+        if elem is None:
             m.lerp_(g, 1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            bc1, bc2 = 1 - b1**t, 1 - b2**t
-            denom = (v.sqrt() / math.sqrt(bc2)).add_(self.eps)
-            p.addcdiv_(m, denom, value=-self.lr / bc1)
-        self._grads = {}
+        else:
+            m.copy_(torch.where(elem, m.lerp(g, 1 - b1), m))
+            v.copy_(torch.where(elem, v * b2 + (1 - b2) * g * g, v))
+        bc1 = 1 - b1**t
+        denom = (v / (1 - b2**t)).sqrt_().add_(self.eps)
+        update = m / bc1 / denom
+        p.sub_(update * self.lr if elem is None else torch.where(elem, update * self.lr, 0.0))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "steps": list(self.steps), "exp_avg": [t.clone() for t in self.exp_avg],
-                "exp_avg_sq": [t.clone() for t in self.exp_avg_sq]}
+        return {"name": self.name, "sizes": list(self.sizes), "steps": self.steps.clone(),
+                "exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("name") != self.name or len(state["steps"]) != len(self.flats):
+        if state.get("name") != self.name or list(state["sizes"]) != self.sizes:
             raise ConfigError("optimiser state does not match this party's optimiser (different --optimizer or model)")
-        self.steps = [int(s) for s in state["steps"]]
-        for dst, src in zip(self.exp_avg + self.exp_avg_sq, state["exp_avg"] + state["exp_avg_sq"], strict=True):
-            dst.copy_(src)
+        self.steps.copy_(state["steps"])
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
 
 
 def representation_model(ctx: RunContext, k: int) -> nn.Module:

@@ -107,8 +107,11 @@ class PredictorParty:
         # One flat optimiser group per model: predictors not trained on a batch are left alone.
         self._groups = {("f", k): i for i, k in enumerate(self.f)}
         self._groups.update({("g", k): len(self.f) + i for i, k in enumerate(self.g)})
-        self.optimizer = FlatOptimizer([list(self.f[k].parameters()) for k in self.f]
-                                       + [list(self.g[k].parameters()) for k in self.g], opt_name, lr, wd)
+        # Parameter lists cached once: Module.parameters() walks the module tree on every call.
+        self._f_params = {k: list(self.f[k].parameters()) for k in self.f}
+        self._g_params = {k: list(self.g[k].parameters()) for k in self.g}
+        self.optimizer = FlatOptimizer([self._f_params[k] for k in self.f] + [self._g_params[k] for k in self.g],
+                                       opt_name, lr, wd)
         self._stepped = False
         self.n_classes = n_classes
         self.loss_fn = task_loss(n_classes)
@@ -165,7 +168,7 @@ class PredictorParty:
                                       f"got {sorted(senders)}")
         keys = [k for k in self._pending if k in grads]  # a dropped/unused representation gets no gradient
         if keys:
-            params = [list(self.f[k].parameters()) for k in keys]
+            params = [self._f_params[k] for k in keys]
             flat = [p for ps in params for p in ps]
             outs = [self._pending[k] for k in keys]
             got = torch.autograd.grad(outs, flat, [grads[k] for k in keys])
@@ -218,7 +221,7 @@ class PredictorParty:
             loss = self.loss_fn(self.g[spec.key](torch.cat(inputs, dim=1)), y)
             total = loss if total is None else total + loss
             leaf_of.extend((spec.key, m, t) for m, t in leaves.items())
-        head_params = [list(self.g[spec.key].parameters()) for spec, _ in work]
+        head_params = [self._g_params[spec.key] for spec, _ in work]
         grads = torch.autograd.grad(total, [t for _, _, t in leaf_of] + [p for ps in head_params for p in ps])
         offset = len(leaf_of)
         for (spec, _), ps in zip(work, head_params, strict=True):

@@ -27,6 +27,7 @@ REPRODUCTIONS: Registry[Command] = Registry("reproduction")
 ATTACK_COMMANDS: Registry[Command] = Registry("attack command")
 
 PLUGIN_MODULES: list[str] = [
+    "secvfl.bench.dp",
     "secvfl.experiments.laser",
     "secvfl.bench.laser",
     "secvfl.bench.overhead",

@@ -139,11 +139,11 @@ def block_probabilities(K: int, p: float | str, seed: int) -> np.ndarray:
     return block_miss_probabilities(K, _p_spec(p), np.random.default_rng([seed, 101]))
 
 
-def train_mask(n: int, K: int, p_train: float | str, seed: int) -> np.ndarray:
+def draw_train_mask(n: int, K: int, p_train: float | str, seed: int) -> np.ndarray:
     return draw_masks(n, K, block_probabilities(K, p_train, seed), np.random.default_rng([seed, 102]))
 
 
-def test_mask(n: int, K: int, p_test: float | str, seed: int) -> np.ndarray:
+def draw_test_mask(n: int, K: int, p_test: float | str, seed: int) -> np.ndarray:
     """Test mask: the same for every method (depends on seed and rate only)."""
     code = 9999 if p_test == BETA else int(round(float(p_test) * 1000))
     return draw_masks(n, K, block_probabilities(K, p_test, seed), np.random.default_rng([seed, 103, code]))
@@ -162,7 +162,7 @@ def build_algorithm(method: str, setting: Setting, data: Dataset, p_train: float
     partition = make_partition(data.n_features, setting.parties, image_shape=data.image_shape)
     K = partition.n_blocks
     masks = {
-        "train": train_mask(len(data.y_train), K, p_train, seed),
+        "train": draw_train_mask(len(data.y_train), K, p_train, seed),
         "val": np.ones((0, K), dtype=bool),
         "test": np.ones((len(data.y_test), K), dtype=bool),
     }
@@ -192,7 +192,7 @@ def run_task(dataset: str, method: str, p_train: float | str, seed: int, p_tests
     scores: dict[str, dict[str, dict[str, float]]] = {}
     reported = ["local", "ensemble"] if method == "local" else [method]
     for p_test in p_tests:
-        mask = test_mask(len(data.y_test), K, p_test, seed)
+        mask = draw_test_mask(len(data.y_test), K, p_test, seed)
         for name in reported:
             if isinstance(algo, Ensemble):
                 algo.vote = name == "ensemble"
