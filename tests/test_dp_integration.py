@@ -114,6 +114,16 @@ def test_feature_dp_runs_and_refuses_unaccounted_releases(tmp_path) -> None:
     assert s["privacy"]["protected_parties"] == ["party0", "party1", "party2"]
 
 
+def test_layer_refuses_feature_outputs_that_bypass_the_mechanism() -> None:
+    from secvfl.parties import FeatureParty
+
+    run = build_run(_cfg(options={"privacy": "dp", "epsilon": 3.0, "dp_protect": "features"}))
+    fp = run.algorithm.feature_parties[0]
+    fp.forward = FeatureParty.forward.__get__(fp)  # an algorithm that calls the undecorated forward
+    with pytest.raises(ProtocolError, match="bypassed"):
+        run.algorithm.train_epoch(0)
+
+
 def test_layer_refuses_gradients_that_bypass_the_rule() -> None:
     run = build_run(_cfg(options={"privacy": "dp", "epsilon": 3.0}))
     run.algorithm.label_party.backward_rule = standard_backward  # an algorithm that sidesteps the mechanism
@@ -135,6 +145,13 @@ def test_layer_refuses_gradients_that_bypass_the_rule() -> None:
          ConfigError, "unknown parties"),
         (dict(options={"privacy": "dp", "epsilon": 3.0, "dp_mechanism": "rr", "noise_multiplier": 1.0}),
          UnsupportedError, "no meaning"),
+        (dict(options={"privacy": "dp", "epsilon": 3.0, "dp_mechanism": "rr", "dp_clip_norm": 1.0}),
+         ConfigError, "no clip norm"),
+        (dict(options={"privacy": "dp", "epsilon": 3.0, "dp_protect": "features", "dp_clip": "jacobian"}),
+         ConfigError, "--dp-clip applies"),
+        (dict(options={"privacy": "dp", "epsilon": 3.0, "dp_grad_clip_norm": 1.0}), ConfigError, "features only"),
+        (dict(options={"privacy": "dp", "epsilon": 3.0, "dp_clip": "jacobian", "dp_denoise": "posterior"}),
+         ConfigError, "--dp-denoise posterior works"),
     ],
 )
 def test_refusals(kw: dict, error: type, match: str) -> None:
@@ -149,6 +166,12 @@ def test_laser_label_dp_refused_if_present() -> None:
         pytest.skip("laser is not registered")
     with pytest.raises(UnsupportedError, match="holds the labels"):
         build_run(_cfg(algo="laser", options={"privacy": "dp", "epsilon": 3.0}))
+    s = run_training(_cfg(algo="laser", epochs=1, options={"privacy": "dp", "epsilon": 3.0, "dp_protect": "features"}),
+                     progress=False, log=_quiet)
+    assert s["privacy"]["protects"] == "features" and s["privacy"]["releases_per_sample"] == 2
+    run = build_run(_cfg(algo="laser", options={"privacy": "dp", "epsilon": 3.0, "dp_protect": "features"}))
+    with pytest.raises(ProtocolError, match="training rows"):
+        run.algorithm.laser_parties[0].represent(0, "train", np.arange(3), ["party1"], train=False)
 
 
 def test_reproducible_noise_is_reproducible_and_flagged() -> None:
@@ -157,3 +180,17 @@ def test_reproducible_noise_is_reproducible_and_flagged() -> None:
     b = run_training(_cfg(epochs=1, options=opts), progress=False, log=_quiet)
     assert a["privacy"]["secure_rng"] is False
     assert a["metrics"]["test"] == b["metrics"]["test"]
+
+
+def test_posterior_denoising_sees_every_training_row_once_per_epoch() -> None:
+    run = build_run(_cfg(options={"privacy": "dp", "epsilon": 3.0, "dp_denoise": "posterior"}))
+    run.algorithm.train_epoch(0)
+    layer = next(layer for layer in run.net.layers if layer.name == "dp")
+    post = layer.rule.posterior
+    assert post is not None and torch.all(post.counts == 1)
+    state = layer.state_dict()
+    again = build_run(_cfg(options={"privacy": "dp", "epsilon": 3.0, "dp_denoise": "posterior"}))
+    again_layer = next(layer for layer in again.net.layers if layer.name == "dp")
+    again_layer.load_state_dict(state)
+    assert torch.equal(again_layer.rule.posterior.sums, post.sums)
+    assert again_layer.rule.steps == layer.rule.steps

@@ -120,3 +120,26 @@ def test_reductions_are_exact_when_nothing_is_clipped() -> None:
     r = clip_loss_gradients([exact], 1e-3)
     assert r.sensitivity == 2e-3 and r.clipped_fraction == 1.0
     assert torch.all(joint_norms(r.parts) <= 1e-3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), b=st.integers(1, 16), k=st.integers(2, 8), scale=st.floats(0.1, 100.0))
+def test_residuals_are_bounded_and_move_by_at_most_their_sensitivity(seed: int, b: int, k: int, scale: float) -> None:
+    from protocols.dp.mechanisms import label_residuals, release_sensitivity
+
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(b, 1, generator=g) * scale
+    y = torch.randint(0, 2, (b,), generator=g)
+    r, r2 = label_residuals(z, y, "bce"), label_residuals(z, 1 - y, "bce")
+    assert torch.all(r.abs() <= 1) and torch.allclose((r - r2).abs(), torch.ones_like(r))
+    assert release_sensitivity("residual", "bce", 5.0) == 1.0
+    zk = torch.randn(b, k, generator=g) * scale
+    yk = torch.randint(0, k, (b,), generator=g)
+    rk = label_residuals(zk, yk, "ce")
+    for shift in range(1, k):
+        moved = (rk - label_residuals(zk, (yk + shift) % k, "ce")).norm(dim=1)
+        assert torch.all(moved <= release_sensitivity("residual", "ce", 5.0) * (1 + 1e-12))
+    # any other loss: residuals clipped to C, sensitivity 2C
+    clipped = label_residuals(torch.randn(b, 3, generator=g) * scale, yk, "mse", clip_norm=0.5)
+    assert torch.all(joint_norms([clipped]) <= 0.5)
+    assert release_sensitivity("residual", "mse", 0.5) == 1.0

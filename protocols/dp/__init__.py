@@ -6,7 +6,12 @@
 - :mod:`protocols.dp.label_dp`: the label-DP gradient mechanism (privatised backward of the label party).
 - :mod:`protocols.dp.rr`: randomized response (K classes, with a prior).
 - :mod:`protocols.dp.feature_dp`: feature DP (clipped, noised embedding rows + DP-SGD bottom model).
+- :mod:`protocols.dp.denoise`: Bayesian soft labels from the noisy releases (post-processing).
 - :mod:`protocols.dp.config`: option validation and the calibrated plan; :mod:`protocols.dp.statement`: the text.
+- :mod:`protocols.dp.plugin`: ``--privacy dp`` flags, the ``dp`` protocol layer, attachment to a run.
+- :mod:`protocols.dp.audit`: empirical epsilon lower bounds (canary audits).
+
+Threat models, neighbouring relations and measured results: ``protocols/dp/README.md``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from protocols.dp.accounting import (
     make_accountant,
 )
 from protocols.dp.config import DPConfig, DPPlan, default_delta, plan_dp
+from protocols.dp.denoise import LabelPosterior
 from protocols.dp.feature_dp import FeatureDP
-from protocols.dp.label_dp import LabelDPBackward, LabelDPStep
+from protocols.dp.label_dp import LabelDPBackward, LabelDPRule, LabelDPStep
 from protocols.dp.mechanisms import clip_jointly, joint_norms
 from protocols.dp.rng import NoiseSource, SecureNoise, SeededNoise, make_noise_source
 from protocols.dp.rr import randomized_response, rr_keep_probability, rr_transition_matrix, rr_with_prior
@@ -46,7 +52,9 @@ __all__ = [
     "plan_dp",
     "FeatureDP",
     "LabelDPBackward",
+    "LabelDPRule",
     "LabelDPStep",
+    "LabelPosterior",
     "clip_jointly",
     "joint_norms",
     "NoiseSource",

@@ -37,12 +37,21 @@ from protocols.dp.rr import randomized_response
 __all__ = ["epsilon_lower_bound", "audit_label_gradient", "audit_randomized_response"]
 
 
-def _cp_upper(k: int, n: int, alpha: float) -> float:
-    return 1.0 if k >= n else float(beta.ppf(1 - alpha, k + 1, n - k))
+def _cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
+    """One-sided Clopper-Pearson upper bounds for ``k`` successes out of ``n`` (vectorised)."""
+    k = np.asarray(k)
+    out = np.ones(k.shape)
+    m = k < n
+    out[m] = beta.ppf(1 - alpha, k[m] + 1, n - k[m])
+    return out
 
 
-def _cp_lower(k: int, n: int, alpha: float) -> float:
-    return 0.0 if k <= 0 else float(beta.ppf(alpha, k, n - k + 1))
+def _cp_lower(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
+    k = np.asarray(k)
+    out = np.zeros(k.shape)
+    m = k > 0
+    out[m] = beta.ppf(alpha, k[m], n - k[m] + 1)
+    return out
 
 
 def epsilon_lower_bound(
@@ -50,24 +59,25 @@ def epsilon_lower_bound(
 ) -> dict[str, float]:
     """Largest epsilon certified (with confidence ``1 - 2 alpha``) by threshold tests on the two score samples.
 
-    Tests "world 1 if score < threshold" (world 1 shifts scores down) and the mirror test.
+    For every threshold ``t``, the tests "world 1 if score <= t" and "world 1 if score >= t", and their mirror
+    images with the worlds' roles swapped, are each scored with Clopper-Pearson bounds.
     """
     s0, s1 = np.sort(np.asarray(scores0, float)), np.sort(np.asarray(scores1, float))
     n0, n1 = len(s0), len(s1)
+    t = np.unique(np.concatenate([s0, s1]))
+    below1, below0 = np.searchsorted(s1, t, "right"), np.searchsorted(s0, t, "right")
+    above1, above0 = n1 - np.searchsorted(s1, t, "left"), n0 - np.searchsorted(s0, t, "left")
     best = {"epsilon_lower_bound": 0.0, "threshold": float("nan"), "tpr": float("nan"), "fpr": float("nan")}
-    for t in np.unique(np.concatenate([s0, s1])):
-        for below in (True, False):
-            if below:
-                k1, k0 = int(np.searchsorted(s1, t, "right")), int(np.searchsorted(s0, t, "right"))
-            else:
-                k1, k0 = n1 - int(np.searchsorted(s1, t, "left")), n0 - int(np.searchsorted(s0, t, "left"))
-            # world 1 flagged by the test: TPR from world-1 trials, FPR from world-0 trials (and the mirror pair)
-            for tp, n_tp, fp, n_fp in ((k1, n1, k0, n0), (n0 - k0, n0, n1 - k1, n1)):
-                lo, hi = _cp_lower(tp, n_tp, alpha), _cp_upper(fp, n_fp, alpha)
-                if lo - delta > 0 and hi > 0:
-                    eps = math.log((lo - delta) / hi)
-                    if eps > best["epsilon_lower_bound"]:
-                        best = {"epsilon_lower_bound": eps, "threshold": float(t), "tpr": tp / n_tp, "fpr": fp / n_fp}
+    # (true positives, their n, false positives, their n) for the four tests
+    for tp, n_tp, fp, n_fp in ((below1, n1, below0, n0), (above1, n1, above0, n0),
+                               (n0 - below0, n0, n1 - below1, n1), (n0 - above0, n0, n1 - above1, n1)):
+        lo, hi = _cp_lower(tp, n_tp, alpha) - delta, _cp_upper(fp, n_fp, alpha)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            eps = np.where((lo > 0) & (hi > 0), np.log(np.maximum(lo, 1e-300) / hi), 0.0)
+        i = int(np.argmax(eps))
+        if eps[i] > best["epsilon_lower_bound"]:
+            best = {"epsilon_lower_bound": float(eps[i]), "threshold": float(t[i]), "tpr": float(tp[i] / n_tp),
+                    "fpr": float(fp[i] / n_fp)}
     return best
 
 

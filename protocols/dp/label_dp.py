@@ -9,7 +9,15 @@ Threat model
     Not protected: the features (each feature party holds its own), batch membership, the number of samples and
     classes; the label party itself (it holds the labels) is trusted.
 
-Mechanism (one step, batch ``B``)
+Mechanism, default ``residual`` reduction (one step, batch ``B``)
+    A sample's label enters the step only through ``r_i = d loss_i / d z_i`` (``sigmoid(z) - y`` for BCE,
+    ``softmax(z) - onehot(y)`` for CE); the logits ``z_i`` and their Jacobians are functions of features and earlier
+    releases. Release ``r~_i = r_i + N(0, (s Delta)^2 I)`` (``Delta = 1`` BCE, ``sqrt(2)`` CE, ``2C`` for other losses
+    with ``r`` clipped to ``C``) and compute everything from it: the rows sent to the feature parties,
+    ``d z_i / d row_i ^T r~_i / B``, and the head update, ``sum_i d z_i / d theta ^T r~_i / B``. One Gaussian
+    mechanism per sample per step; the transcript is post-processing of the noisy residuals.
+
+Mechanism, ``jacobian``/``gradient`` reductions (one step, batch ``B``)
     For each sample ``i`` of the batch compute its *joint vector* ``v_i = [row_i (the cut-layer gradient row across
     ALL feature parties' slices), head_weight * g_i (its gradient of the head parameters)]`` with a per-sample
     reduction of :mod:`protocols.dp.mechanisms` (``bce``/``softmax``: clip the label-independent logit Jacobian;
@@ -17,10 +25,13 @@ Mechanism (one step, batch ``B``)
     (``C`` or ``2 C``). Release ``row_i + N(0, (s Delta)^2 I)`` for every ``i`` and ``sum_i g_i + N(0, (s Delta)^2 I)``
     (the head part divided back by ``head_weight``), then divide by ``B`` (post-processing) to get the mean-loss
     gradients training expects. Changing one label changes one ``v_i`` only, so each step is one Gaussian mechanism
-    with noise multiplier ``s`` for that sample. The head's parameters and the rows of other samples are functions of
-    earlier releases and of labels that did not change, so by adaptive composition a sample that is in one batch per
-    epoch is covered by ``epochs`` Gaussian releases: ``GaussianEvent(s, epochs)`` (sample rate 1).
-    The final model (bottom models and head) is post-processing of the releases.
+    with noise multiplier ``s`` for that sample.
+
+Composition (all reductions)
+    The head's parameters and the rows of other samples are functions of earlier releases and of labels that did
+    not change, so by adaptive composition a sample that is in one batch per epoch is covered by ``epochs``
+    Gaussian releases: ``GaussianEvent(s, epochs)`` (sample rate 1). The final model (bottom models and head) is
+    post-processing of the releases.
 """
 
 from __future__ import annotations
@@ -369,13 +380,14 @@ class LabelDPRule:
         return out.loss
 
     def describe(self) -> dict[str, Any]:
+        unused = self.mode == "residual" and self.loss in ("bce", "ce")  # the residual is bounded by the loss
         return {
             "clip_mode": self.mode,
-            "clip_norm": self.clip_norm,
+            "clip_norm": None if unused else self.clip_norm,
             "sensitivity": self.sensitivity,
             "noise_multiplier": self.noise_multiplier,
             "noise_std": self.noise_std,
-            "head_weight": self.head_weight,
+            "head_weight": None if self.mode == "residual" else self.head_weight,
             "steps": self.steps,
             "rows_released": self.rows_released,
             "clipped_fraction": round(self.clipped_rows / self.rows_released, 4) if self.rows_released else None,

@@ -103,7 +103,7 @@ class DPLayer(Layer):
         self.protected = list(protected or [])
         self.rule: LabelDPRule | None = None
         self.features: dict[str, FeatureDP] = {}
-        self.feature_released: dict[str, bool] = {}
+        self.feature_released: dict[str, int] = {}  # party -> step of its last DP-processed output
         self.rr_labels: np.ndarray | None = None
         self.rr_install = None  # callable(labels) installing randomized labels at the label party
 
@@ -123,12 +123,6 @@ class DPLayer(Layer):
         else:
             if traits.aggregation == "none":
                 problems.append(f"in {traits.name} no feature rows or embeddings cross party boundaries")
-            elif traits.aggregation == "subset-mean":
-                problems.append(
-                    f"feature DP is not available for {traits.name}: each party's representation update mixes its own "
-                    "label loss with its peers' gradients, which the per-sample analysis here does not cover; "
-                    "use splitnn, vafl or fdml"
-                )
         return problems
 
     # -- messages ---------------------------------------------------------------------------------------------
@@ -144,10 +138,9 @@ class DPLayer(Layer):
                 self.rule.pending_release = False
         if self.plan.protects == "features" and party in self.features:
             for m in messages:
-                if m.kind in ("embedding", "logits"):
-                    if not self.feature_released.get(party):
-                        raise ProtocolError(f"feature DP: an output of {party} bypassed clipping and noise; refusing it")
-                    self.feature_released[party] = False
+                # every output message must belong to the step the party's DP forward last released
+                if m.kind in ("embedding", "logits") and self.feature_released.get(party) != m.step:
+                    raise ProtocolError(f"feature DP: an output of {party} bypassed clipping and noise; refusing it")
         return messages
 
     # -- facts and state --------------------------------------------------------------------------------------
@@ -211,7 +204,7 @@ def _protect_feature_party(fp: Any, mech: FeatureDP, layer: DPLayer) -> None:
             released = mech.release_embeddings(out)
         else:
             released = mech.clip(out)
-        layer.feature_released[fp.name] = True
+        layer.feature_released[fp.name] = step
         return msg.replace(tensors={fp.output_kind: released})
 
     def backward(message: Message) -> None:
@@ -230,6 +223,60 @@ def _protect_feature_party(fp: Any, mech: FeatureDP, layer: DPLayer) -> None:
 
     fp.forward = forward
     fp.backward = backward
+
+
+def _protect_laser_party(party: Any, mech: FeatureDP, layer: DPLayer) -> None:
+    """Feature DP for a LASER-VFL party: noisy release of ``f_k(x)``, heads trained on that same noisy release (so
+    the gradients the party sends its peers are post-processing), DP-SGD on ``f_k``. ``g_k`` never leaves the party
+    and is trained only on released representations, so it needs no noise of its own."""
+    from secvfl.parties import require_wire
+
+    original_represent, original_train_heads = party.represent, party.train_heads
+    pending: dict[str, torch.Tensor] = {}
+
+    def represent(step: int, split: str, ids: np.ndarray, peers: Any, *, train: bool) -> list[Message]:
+        if split == "train" and not train:
+            raise ProtocolError(
+                f"feature DP: {party.name} refuses to release representations of training rows outside training "
+                "(an unaccounted release); evaluate on val/test"
+            )
+        msgs = original_represent(step, split, ids, peers, train=train)
+        if train:
+            pending["x"] = party._x[split][torch.as_tensor(ids, device=party.device)]
+            released = mech.release_embeddings(party._rep.detach())
+            pending["released"] = released
+        else:
+            released = mech.clip(party._eval_rep)
+            party._eval_rep = released  # its own predictions use what the peers see
+        layer.feature_released[party.name] = step
+        return [m.replace(tensors={"embedding": released}) for m in msgs]
+
+    def train_heads(step: int, ids: np.ndarray, observed: Any, names: Any, received: Any) -> Any:
+        rep = party._rep
+        party._rep = pending["released"]  # the heads see the party's own *released* representation
+        try:
+            return original_train_heads(step, ids, observed, names, received)
+        finally:
+            party._rep = rep
+
+    def apply_gradients(received: Any) -> None:
+        if party._rep is None or party._own_grad is None or "x" not in pending:
+            raise ProtocolError(f"{party.name} received gradients without a pending training step")
+        total = party._own_grad.clone()
+        for m in received:
+            g = require_wire(m).tensor("gradient").to(device=party.device, dtype=party.dtype)
+            if g.shape != total.shape:
+                raise ProtocolError(f"{party.name}: gradient of shape {tuple(g.shape)} from {m.sender}")
+            total = total + g
+        grads = mech.bottom_gradients(pending.pop("x"), total)
+        pending.pop("released", None)
+        f_grads = [grads[n] for n, p in party.f.named_parameters() if p.requires_grad]
+        party.optimizer.set_grads(0, [*f_grads, *party._g_grads])
+        party.optimizer.step()
+        party._g_grads = ()
+        party._rep = party._own_grad = None
+
+    party.represent, party.train_heads, party.apply_gradients = represent, train_heads, apply_gradients
 
 
 class DPPlugin(ProtocolPlugin):
@@ -279,9 +326,15 @@ class DPPlugin(ProtocolPlugin):
         config = dp_config_from_options(cfg)
         if config.epsilon is not None and math.isinf(config.epsilon):
             raise ConfigError("--epsilon inf means no privacy: run with --privacy none instead")
+        _refuse_inapplicable(cfg, config)
         n_classes = ctx.data.n_classes
         plan = plan_dp(config, n_train=ctx.rows("train"), epochs=cfg.epochs, batch_size=cfg.batch_size,
                        loss="bce" if n_classes == 2 else "ce")
+        if plan.clip_norm_unused and cfg.option("dp_clip_norm") is not None:
+            plan.notes.append("--dp-clip-norm has no effect here: the residual of a cross-entropy loss is bounded "
+                              "by the loss itself")
+        if plan.clip_mode == "residual" and cfg.option("dp_head_weight") is not None:
+            plan.notes.append("--dp-head-weight has no effect with --dp-clip residual")
         noise = make_noise_source(reproducible=config.reproducible, seed=cfg.seed)
         protected: list[str] = []
         feature_names = [f"party{i}" for i in range(ctx.partition.n_blocks)]
@@ -327,12 +380,36 @@ class DPPlugin(ProtocolPlugin):
         return ProtocolSetup(layers=[(20, layer)], attach=attach, summary=summary, on_finish=[finish])
 
 
+def _refuse_inapplicable(cfg: TrainConfig, config: DPConfig) -> None:
+    """Flags that would be silently ignored by the chosen mechanism are refused, so nobody believes they applied."""
+    o = cfg.option
+    problems = []
+    labels_gradient = config.protects == "labels" and config.mechanism == "gradient"
+    if o("dp_denoise") == "posterior" and not (labels_gradient and config.clip in ("auto", "residual")):
+        problems.append("--dp-denoise posterior works with --dp-protect labels --dp-mechanism gradient --dp-clip "
+                        "residual only")
+    if o("dp_grad_clip_norm") is not None and config.protects != "features":
+        problems.append("--dp-grad-clip-norm applies to --dp-protect features only")
+    if o("dp_clip") is not None and not labels_gradient:
+        problems.append("--dp-clip applies to --dp-protect labels --dp-mechanism gradient only")
+    if o("dp_head_weight") is not None and not labels_gradient:
+        problems.append("--dp-head-weight applies to --dp-protect labels --dp-mechanism gradient only")
+    if config.mechanism == "rr" and (o("dp_clip_norm") is not None or o("dp_accountant") is not None):
+        problems.append("randomized response has no clip norm and needs no accountant (it is pure epsilon-DP); drop "
+                        "--dp-clip-norm/--dp-accountant")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, cfg: TrainConfig, n_classes: int) -> None:
     c = plan.config
     if c.protects == "labels":
         lp = getattr(algo, "label_party", None)
         if lp is None or not hasattr(lp, "backward_rule"):
-            raise UnsupportedError(f"label DP needs an algorithm with one label party; {algo.name} has none")
+            raise UnsupportedError(
+                f"label DP needs one label party whose backward pass it can privatise (splitnn, vafl, fdml); "
+                f"{algo.name} trains differently, so --privacy dp is refused for it"
+            )
         if c.mechanism == "gradient":
             denoise = (cfg.option("dp_denoise") or "none") == "posterior"
             rule = LabelDPRule(
@@ -361,10 +438,23 @@ def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, c
             layer.rr_labels = randomized_response(true, max(n_classes, 2), plan.epsilon, noise.derive("rr"))
             install(layer.rr_labels)
         return
-    parties = {fp.name: fp for fp in getattr(algo, "feature_parties", [])}
+    laser = {p.name: p for p in getattr(algo, "laser_parties", [])}
+    if laser:
+        for name in layer.protected:
+            mech = FeatureDP(
+                laser[name].f, embedding_clip=c.clip_norm, gradient_clip=c.gradient_clip_norm or c.clip_norm,
+                noise_multiplier=plan.noise_multiplier, noise=noise.derive(f"feature-dp/{name}"),
+            )
+            layer.features[name] = mech
+            _protect_laser_party(laser[name], mech, layer)
+        return
+    parties = {fp.name: fp for fp in getattr(algo, "feature_parties", []) if hasattr(fp, "model")}
     missing = [p for p in layer.protected if p not in parties]
     if missing:
-        raise UnsupportedError(f"feature DP: algorithm {algo.name} has no feature parties {missing}")
+        raise UnsupportedError(
+            f"feature DP needs feature parties with one bottom model each (splitnn, vafl, fdml, laser); {algo.name} has "
+            f"none named {missing}, so --dp-protect features is refused for it"
+        )
     for name in layer.protected:
         fp = parties[name]
         mech = FeatureDP(
