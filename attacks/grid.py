@@ -22,7 +22,7 @@ from secvfl.config import TrainConfig
 from secvfl.errors import UnsupportedError
 from secvfl.io import write_json_atomic, write_text_atomic
 
-__all__ = ["run_grid", "grid_markdown"]
+__all__ = ["run_grid", "summarise_grid", "grid_markdown", "write_grid"]
 
 
 def _stat(values: Sequence[float]) -> dict[str, float] | None:
@@ -69,6 +69,8 @@ def run_grid(base: TrainConfig, defences: Sequence[str], seeds: Sequence[int], a
                     entry["not_applicable"][attack] = str(exc)
                     continue
                 entry["ap"][attack] = result.ap
+                entry.setdefault("chance", {})[attack] = result.chance
+                entry.setdefault("metric", {})[attack] = result.metric
                 entry["details"][attack] = {k: result.details[k] for k in ("p95_abs_auc_minus_half", "rr_ceiling")
                                             if k in result.details}
                 if "rr_ceiling" in result.details:
@@ -76,44 +78,59 @@ def run_grid(base: TrainConfig, defences: Sequence[str], seeds: Sequence[int], a
             shown = ", ".join(f"{a} {v:.3f}" for a, v in entry["ap"].items())
             log(f"  {spec:>10} seed {seed}: MP {entry['mp_name']} {entry['mp']:.4f}; AP {shown}")
             runs.append(entry)
-    # DCS against the undefended run of the same seed.
+    result = summarise_grid(runs, specs, attacks)
+    result.update({
+        "config": {k: v for k, v in plain.to_dict().items() if k != "options"},
+        "seeds": list(seeds), "attacker": attacker, "known_positives_per_batch": known_positives,
+    })
+    result["markdown"] = grid_markdown(result)
+    if out_dir is not None:
+        write_grid(result, out_dir, f"{base.algo} on {base.dataset}, {base.parties} parties: attack vs main task")
+    return result
+
+
+def write_grid(result: dict[str, Any], out_dir: Path, title: str) -> None:
+    """grid.json, grid.md and grid.png in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result["files"] = {k: str(out_dir / f"grid.{k}") for k in ("json", "md", "png")}
+    write_json_atomic(out_dir / "grid.json", result)
+    write_text_atomic(out_dir / "grid.md", result["markdown"] + "\n")
+    rows = [r for r in result["rows"] if "mp" in r]
+    mp_name = next((r["mp_name"] for r in rows), "metric")
+    plot_grid(out_dir / "grid.png", rows, result["attacks"], mp_name, title)
+
+
+def summarise_grid(runs: list[dict[str, Any]], specs: Sequence[str], attacks: Sequence[str]) -> dict[str, Any]:
+    """Per-defence means and standard deviations over seeds, with DCS against the same seed's undefended run.
+
+    AP* is each attack's chance level (0.5 for AUC; the majority-class rate for accuracy, e.g. direct inference).
+    """
     star = {r["seed"]: r["mp"] for r in runs if r["defence"] == "none" and "mp" in r}
     for r in runs:
         if "mp" in r and r["seed"] in star:
-            r["dcs"] = {a: dcs(ap, r["mp"], ap_star=0.5, mp_star=star[r["seed"]]) for a, ap in r["ap"].items()}
+            r["dcs"] = {a: dcs(ap, r["mp"], ap_star=r.get("chance", {}).get(a, 0.5), mp_star=star[r["seed"]])
+                        for a, ap in r["ap"].items()}
     rows = []
     for spec in specs:
         mine = [r for r in runs if r["defence"] == spec]
         done = [r for r in mine if "mp" in r]
         row: dict[str, Any] = {"defence": spec, "seeds": [r["seed"] for r in done]}
         if not done:
-            row["refused"] = mine[0].get("refused", "no run finished")
+            row["refused"] = mine[0].get("refused", "no run finished") if mine else "not run"
         else:
             row["mp"] = _stat([r["mp"] for r in done])
             row["mp_name"] = done[0]["mp_name"]
             row["ap"] = {a: _stat([r["ap"].get(a) for r in done]) for a in attacks}
+            row["chance"] = {a: _stat([r.get("chance", {}).get(a) for r in done]) for a in attacks}
             row["dcs"] = {a: _stat([r.get("dcs", {}).get(a) for r in done]) for a in attacks}
+            row["metric"] = dict(done[0].get("metric", {}))
             row["not_applicable"] = done[0]["not_applicable"]
             if "rr_ceiling" in done[0]:
                 row["rr_ceiling"] = done[0]["rr_ceiling"]
             if "privacy" in done[0]:
                 row["privacy"] = done[0]["privacy"]
         rows.append(row)
-    result: dict[str, Any] = {
-        "config": {k: v for k, v in plain.to_dict().items() if k != "options"},
-        "defences": specs, "seeds": list(seeds), "attacks": list(attacks), "attacker": attacker,
-        "known_positives_per_batch": known_positives, "rows": rows, "runs": runs,
-    }
-    result["markdown"] = grid_markdown(result)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out_dir / "grid.json", result)
-        write_text_atomic(out_dir / "grid.md", result["markdown"] + "\n")
-        mp_name = next((r["mp_name"] for r in rows if "mp_name" in r), "metric")
-        plot_grid(out_dir / "grid.png", [r for r in rows if "mp" in r], attacks, mp_name,
-                  f"{base.algo} on {base.dataset}, {base.parties} parties: attack vs main task")
-        result["files"] = {k: str(out_dir / f"grid.{k}") for k in ("json", "md", "png")}
-    return result
+    return {"defences": list(specs), "attacks": list(attacks), "rows": rows, "runs": runs}
 
 
 def _fmt(stat: dict[str, float] | None) -> str:
@@ -126,8 +143,10 @@ def grid_markdown(result: dict[str, Any]) -> str:
     attacks = result["attacks"]
     rows = result["rows"]
     mp_name = next((r["mp_name"] for r in rows if "mp_name" in r), "metric")
-    head = (["defence", f"MP (test {mp_name})"] + [f"AP {a}" for a in attacks] + [f"DCS {a}" for a in attacks]
-            + ["notes"])
+    metric = {a: next((r["metric"][a] for r in rows if a in r.get("metric", {})), "auc") for a in attacks}
+    head = (["defence", f"MP (test {mp_name})"]
+            + [f"AP {a}" + (f" ({metric[a]})" if metric[a] != "auc" else "") for a in attacks]
+            + [f"DCS {a}" for a in attacks] + ["notes"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "refused" in r:
@@ -146,7 +165,8 @@ def grid_markdown(result: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"Means ± standard deviations over {n} seed{'s' * (n != 1)} ({', '.join(map(str, result['seeds']))}). "
                  f"AP: mean per-batch ROC AUC of the attack on the labels of {result['attacker']}'s training batches "
-                 f"(chance 0.5; direction scoring knows {result['known_positives_per_batch']} positive per batch). "
-                 "DCS (VFLAIR, β = 0.5): 1/(1 + sqrt(0.5·max(0, AP − 0.5)² + 0.5·max(0, MP* − MP)²)), MP* = the "
-                 "undefended run of the same seed.")
+                 f"(chance 0.5; direction scoring knows {result['known_positives_per_batch']} positive per batch)"
+                 + ("; for direct inference, accuracy (chance: the majority-class rate)" if "direct" in attacks else "")
+                 + ". DCS (VFLAIR, β = 0.5): 1/(1 + sqrt(0.5·max(0, AP − AP*)² + 0.5·max(0, MP* − MP)²)), AP* = the "
+                 "attack's chance level, MP* = the undefended run of the same seed.")
     return "\n".join(lines)

@@ -85,7 +85,7 @@ def defence_options(spec: str) -> dict[str, Any]:
     if name == "mask" and not arg:
         return {"secagg": "mask"}
     if name == "topk":
-        return {"compress": "topk", "compress_ratio": number()}
+        return {"compress": f"topk:{number()}"}  # both directions: the gradients the attacker sees are top-k
     raise ConfigError(f"unknown defence {spec!r}; use none, dp:EPS, rr:EPS, dpf:EPS, ckks, mask or topk:RATIO")
 
 

@@ -3,9 +3,17 @@
 Threat model (passive): an honest-but-curious feature party, after training. It holds its trained bottom model and
 its own feature rows (training and, later, test rows), and knows the labels of a handful of training examples
 (``known``: row id -> class; e.g. customers it can label itself). It adds an inference head on its bottom model and
-trains the completed model on those few labels plus its unlabelled rows, semi-supervised: MixMatch for images; for
-tables, pseudo-labels spread from the known labels over a nearest-neighbour graph of its bottom model's embeddings
-(label spreading, Zhou et al. 2004), kept where confident. Nothing of any other party is
+trains the completed model on those few labels plus its unlabelled rows, semi-supervised. Two methods:
+
+- ``label-spreading`` (default): pseudo-labels spread from the known labels over a nearest-neighbour graph of the
+  trained bottom model's embeddings (Zhou et al. 2004), kept where confident and where a supervised-only completion
+  agrees, then self-training from that supervised completion on labelled + pseudo-labelled rows.
+- ``mixmatch`` (Berthelot et al. 2019, as in Fu et al.; image parties only): guessed, sharpened labels for shifted
+  views of unlabelled rows, MixUp across labelled and unlabelled rows.
+
+On MNIST quadrants (4 parties, attacker = top-left quadrant, 40 known labels, 3 training epochs) label spreading
+reached 0.546-0.552 top-1 on the unknown training rows, MixMatch 0.524-0.534 (20-100 epochs, lambda_u 1-30),
+supervised-only on the same bottom 0.515, a fresh model 0.466 -- hence the default. Nothing of any other party is
 used. The active variant is the same attack on a bottom model trained with :class:`~attacks.malicious_optimizer.
 MaliciousOptimizer`.
 
@@ -53,7 +61,7 @@ class CompletionConfig:
     bottom_lr_scale: float = 0.1  # fine-tune the attacker's bottom model more gently than the new head; 0 freezes it
     weight_decay: float = 5e-4
     head_hidden: int = 64
-    method: str = "auto"  # auto: mixmatch for images, label-spreading for tables
+    method: str = "auto"  # auto: label-spreading (measured better than MixMatch on MNIST quadrants, see module doc)
     # label spreading (tables): pseudo-labels propagated over a kNN graph of the bottom model's embeddings
     neighbours: int = 10
     spreading_alpha: float = 0.99
@@ -61,7 +69,7 @@ class CompletionConfig:
     lambda_u: float = 1.0
     noise: float = 0.05  # table augmentation: Gaussian noise, in units of each feature's standard deviation
     # MixMatch (images)
-    mixmatch_lambda_u: float = 1.0  # the paper's 75 needs far longer schedules than an attack run has
+    mixmatch_lambda_u: float = 10.0  # the paper's 75 needs far longer schedules than an attack run has
     temperature: float = 0.5
     alpha: float = 0.75
     k_augment: int = 2
@@ -157,7 +165,7 @@ def complete_model(bottom: nn.Module, n_classes: int, x_labelled: Any, y_labelle
         raise DataError(f"labels must be in 0..{n_classes - 1}")
     method = cfg.method
     if method == "auto":
-        method = "mixmatch" if image_shape is not None else "label-spreading"
+        method = "label-spreading"
     x_u = None if x_unlabelled is None else torch.as_tensor(np.asarray(x_unlabelled), dtype=torch.float32)
     if x_u is None or x_u.shape[0] == 0:
         method = "supervised"

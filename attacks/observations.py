@@ -54,7 +54,13 @@ def _rows(t: Any) -> np.ndarray:
 def _ids_from_meta(meta: Any) -> np.ndarray | None:
     for key in IDS_KEYS:
         if key in meta:
-            return np.asarray(meta[key], dtype=np.int64).reshape(-1)
+            values = list(meta[key])
+            if values and isinstance(values[0], str):  # ["train", 4, 9, ...]: split name, then row ids
+                values = values[1:]
+            try:
+                return np.asarray(values, dtype=np.int64).reshape(-1)
+            except (TypeError, ValueError):
+                raise DataError(f"message meta {key!r} does not hold row ids: {meta[key]!r:.80}") from None
     return None
 
 

@@ -15,8 +15,9 @@ from attacks import (
     GRNConfig,
     score_reconstruction,
     solve_linear_features,
+    train_generator,
 )
-from secvfl.errors import DataError
+from secvfl.errors import ConfigError, DataError
 
 
 def lr_model(n_out: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +109,7 @@ def grn_case(correlated: bool, seed: int = 0) -> tuple[TwoPartyModel, np.ndarray
 def test_grn_recovers_correlated_features_from_scores_alone() -> None:
     model, x_adv, x_t, scores = grn_case(correlated=True)
     before = [p.detach().clone() for p in model.parameters()]
-    res = GenerativeRegressionNetwork(GRNConfig(epochs=40, batch_size=64, lr=3e-3)).run(
+    res = GenerativeRegressionNetwork(GRNConfig(epochs=40, batch_size=64, lr=3e-3, variance_penalty=0.0)).run(
         model=model, x_adv=x_adv, scores=scores, target_features=x_t, bounds=(0.0, 1.0))
     assert res.details["mse"] < 0.05 * res.details["random_guess_mse"]
     assert res.details["mse"] < 0.1 * res.details["constant_half_mse"]
@@ -122,13 +123,28 @@ def test_grn_on_independent_features_needs_the_scores_as_input() -> None:
     # Luo et al.'s G(x_adv, z) cannot tell rows with the same x_adv apart: with independent features it can only
     # learn the conditional mean. Feeding it the observed scores (same threat model) lets it invert per row.
     model, x_adv, x_t, scores = grn_case(correlated=False)
-    cfg = GRNConfig(epochs=40, batch_size=64, lr=3e-3)
+    cfg = GRNConfig(epochs=40, batch_size=64, lr=3e-3, variance_penalty=0.0)
     paper = GenerativeRegressionNetwork(cfg).run(model=model, x_adv=x_adv, scores=scores, target_features=x_t,
                                                  bounds=(0.0, 1.0))
     assert paper.details["mse"] == pytest.approx(paper.details["constant_half_mse"], rel=0.15)
     conditioned = GenerativeRegressionNetwork(replace(cfg, condition_on_scores=True)).run(
         model=model, x_adv=x_adv, scores=scores, target_features=x_t, bounds=(0.0, 1.0))
     assert conditioned.details["mse"] < 0.5 * paper.details["mse"]
+
+
+def test_grn_variance_penalty_trades_fit_for_spread() -> None:
+    # The penalty pulls reconstructions together: a heavy one collapses them towards a constant (the least spread
+    # reconstruction), where the unpenalised generator spreads them like the true features.
+    model, x_adv, x_t, scores = grn_case(correlated=True)
+    spread = {}
+    for lam in (0.0, 100.0):
+        rec, _ = train_generator(model, x_adv, scores, 3, bounds=(0.0, 1.0),
+                                 config=GRNConfig(epochs=15, batch_size=64, lr=3e-3, variance_penalty=lam))
+        spread[lam] = float(rec.std(axis=0).mean())
+    assert spread[0.0] > 0.5 * float(x_t.std(axis=0).mean())
+    assert spread[100.0] < 0.3 * spread[0.0]
+    with pytest.raises(ConfigError):
+        GRNConfig(variance_penalty=-1.0)
 
 
 def test_grn_learns_nothing_from_scores_that_ignore_the_target() -> None:

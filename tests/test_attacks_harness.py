@@ -103,9 +103,10 @@ def test_active_model_completion_compares_with_an_honest_run(tmp_path: Path) -> 
 def test_grid_writes_table_plot_and_reports_refused_defences(tmp_path: Path) -> None:
     d = tmp_path / "grid"
     assert attack("grid", *SMALL, "--defences", "dp:3", "ckks", "--seeds", "0", "--attacks", "norm", "direction",
-                  "--dir", str(d)) == 0
+                  "direct", "--dir", str(d)) == 0
     md = (d / "grid.md").read_text()
     assert "| none |" in md and "| dp:3 |" in md and "| ckks | refused |" in md
+    assert "direct: direct label inference reads gradients w.r.t. logits" in md  # splitnn sends embeddings
     result = json.loads((d / "grid.json").read_text())
     none, dp = result["rows"][0], result["rows"][1]
     assert none["defence"] == "none" and none["dcs"]["direction"]["mean"] < 1.0
@@ -139,3 +140,14 @@ def test_recorded_view_round_trips_through_the_wire_format(tmp_path: Path) -> No
     assert back.party == "party0" and len(back.sent) == 1 and len(back.received) == 1
     assert torch.equal(back.received[0].tensor("gradient"), view.received[0].tensor("gradient"))
     assert back.sent[0].meta["ids"] == [1, 2, 3, 4] and back.received[0].step == 3
+
+
+def test_a_defended_run_gets_its_mp_star_from_an_undefended_reference(tmp_path: Path) -> None:
+    d = tmp_path / "dp"
+    assert attack("label-inference", "--attack", "norm", *SMALL, "--privacy", "dp", "--epsilon", "3",
+                  "--dir", str(d)) == 0
+    s = summary(d)
+    assert s["training"]["options"]["privacy"] == "dp" and s["training"]["privacy"]["epsilon"] == pytest.approx(3.0, abs=1e-3)
+    assert "reference" in s["MP_star_source"] and (d / "reference" / "summary.json").is_file()
+    reference = json.loads((d / "reference" / "summary.json").read_text())
+    assert s["MP_star"] == reference["metrics"]["test"]["auc"] and "privacy" not in reference

@@ -212,6 +212,16 @@ def test_a_view_without_row_ids_is_refused_with_a_fix() -> None:
         observe_gradients(net.record("label"))
 
 
+def test_row_ids_are_read_from_message_meta_in_either_form() -> None:
+    g = torch.ones(3, 2)
+    plain = Message("gradient", "label", "bank", 0, {"gradient": g}, meta={"ids": [7, 8, 9]})
+    with_split = Message("gradient", "label", "bank", 1, {"gradient": g}, meta={"rows": ["train", 1, 2, 3]})
+    obs = observe_gradients([plain, with_split])
+    assert obs[0].ids.tolist() == [7, 8, 9] and obs[1].ids.tolist() == [1, 2, 3] and obs[1].step == 1
+    with pytest.raises(DataError, match="row ids"):
+        observe_gradients([Message("gradient", "label", "bank", 0, {"gradient": g}, meta={"ids": ["a", "b"]})])
+
+
 def test_labels_must_cover_the_observed_ids() -> None:
     with pytest.raises(DataError, match="row ids"):
         DirectLabelInference().run(gradients=[torch.ones(4, 3)], labels=np.array([0, 1]))

@@ -100,11 +100,12 @@ def test_attack_result_summary_has_the_contract_keys() -> None:
     assert r.advantage == pytest.approx(0.4)
 
 
-def test_malicious_optimizer_scales_by_the_clamped_gradient_ratio() -> None:
+@pytest.mark.parametrize("scale", ["update", "gradient"])
+def test_malicious_optimizer_scales_sgd_steps_by_the_clamped_gradient_ratio(scale: str) -> None:
     import torch
 
     p = torch.nn.Parameter(torch.zeros(4))
-    opt = MaliciousOptimizer(torch.optim.SGD([p], lr=1.0))
+    opt = MaliciousOptimizer(torch.optim.SGD([p], lr=1.0), scale=scale)
     g1 = torch.tensor([1.0, 1.0, 1.0, -2.0])
     g2 = torch.tensor([0.5, -1.0, 10.0, -2.0])
     p.grad = g1.clone()
@@ -117,3 +118,22 @@ def test_malicious_optimizer_scales_by_the_clamped_gradient_ratio() -> None:
     assert opt.last_mean_ratio == pytest.approx(float(ratio.mean()), rel=1e-5)
     with pytest.raises(ConfigError):
         MaliciousOptimizer(torch.optim.SGD([p], lr=1.0), r_min=2, r_max=1)
+
+
+def test_malicious_optimizer_survives_adams_normalisation() -> None:
+    """Adam divides a scaled gradient by its own running scale; scaling the update keeps the acceleration."""
+    import torch
+
+    def second_step(scale: str | None) -> torch.Tensor:
+        p = torch.nn.Parameter(torch.zeros(3))
+        inner = torch.optim.Adam([p], lr=0.1)
+        opt = inner if scale is None else MaliciousOptimizer(inner, scale=scale)
+        for g in (torch.tensor([1.0, 1.0, -1.0]), torch.tensor([1.0, 1.0, -1.0])):
+            before = p.detach().clone()
+            p.grad = g.clone()
+            opt.step()
+        return p.detach() - before
+
+    honest, update, gradient = second_step(None), second_step("update"), second_step("gradient")
+    assert torch.allclose(update, 2.0 * honest)  # r = 1 + g/g = 2 on every entry
+    assert (gradient.abs() < 1.5 * honest.abs()).all()  # Adam cancels most of a scaled gradient

@@ -102,10 +102,10 @@ def test_mixmatch_completion_of_an_image_bottom_model() -> None:
     bottom = SmallCNN((8, 8), 8)
     train_bottom(bottom, x, y, 2, steps=60)
     known = {int(i): int(y[i]) for i in np.random.default_rng(0).choice(len(y), 4, replace=False)}
-    cfg = CompletionConfig(epochs=10, max_steps_per_epoch=10, shift=1)
+    cfg = CompletionConfig(epochs=10, max_steps_per_epoch=10, shift=1, method="mixmatch")
     res = PassiveModelCompletion(cfg, image_shape=(8, 8)).run(bottom=bottom, features=x, known=known, labels=y,
                                                                 n_classes=2)
-    assert res.details["config"]["method"] == "auto"
+    assert res.details["config"]["method"] == "mixmatch"
     assert res.ap >= 0.85
     assert res.ap > res.details["scratch_train_accuracy"] + 0.2
 

@@ -45,7 +45,7 @@ __all__ = ["LabelInferenceCommand", "FeatureReconstructionCommand", "GridCommand
 
 # argparse dests of the attack commands themselves; everything else is a train flag.
 _OWN = {"attack", "attacker", "known_positives", "known_scope", "known_labels", "run", "dir", "reference_run",
-        "mp_star", "gamma", "completion_epochs", "no_baselines", "target", "rows", "grn_epochs",
+        "mp_star", "gamma", "completion_epochs", "completion_method", "no_baselines", "target", "rows", "grn_epochs",
         "condition_on_scores", "defences", "seeds", "attacks", "keep_runs"}
 
 
@@ -137,6 +137,9 @@ class LabelInferenceCommand:
         g.add_argument("--known-labels", type=int, nargs="+", default=[10, 40, 100, 400],
                        help="model completion: numbers of known training labels N to try")
         g.add_argument("--completion-epochs", type=int, default=30, help="model completion: training epochs")
+        g.add_argument("--completion-method", default="auto", choices=["auto", "label-spreading", "mixmatch"],
+                       help="model completion: semi-supervised method (auto: label spreading on the bottom model's "
+                            "embeddings + self-training; mixmatch needs image parties)")
         g.add_argument("--no-baselines", action="store_true", help="model completion: skip the supervised baselines")
         g.add_argument("--gamma", type=float, default=1.0, help="active model completion: gradient scaling gamma")
 
@@ -154,7 +157,7 @@ class LabelInferenceCommand:
                     f"{args.attack} scoring on {rec.cfg.dataset} ({rec.cfg.algo}, attacker {rec.attacker})",
                     ceiling=result.details.get("rr_ceiling")))
             return _finish(out, result, rec, mp_star, source, extra)
-        cfg_mc = CompletionConfig(epochs=args.completion_epochs, seed=args.seed)
+        cfg_mc = CompletionConfig(epochs=args.completion_epochs, seed=args.seed, method=args.completion_method)
         sizes = sorted(set(args.known_labels))
         if args.attack == "model-completion":
             rec = _obtain(args, out, args.attacker)
@@ -172,6 +175,7 @@ class LabelInferenceCommand:
             cfg = _train_config(args)
             _log(f"training the honest run -> {out / 'honest'}")
             honest = train_recorded(cfg, args.attacker, run_dir=out / "honest", log=_log)
+        _same_setup(honest.cfg, _train_config(args))  # before spending a training run on the malicious one
         rec = _obtain(args, out, args.attacker, malicious_gamma=args.gamma)
         passive = model_completion(honest, sizes, config=cfg_mc, seed=rec.cfg.seed, baselines=False)
         active = model_completion(rec, sizes, config=cfg_mc, seed=rec.cfg.seed, baselines=not args.no_baselines,
@@ -187,6 +191,22 @@ class LabelInferenceCommand:
         return _finish(out, active[-1], rec, mp_star, "the honest run", {
             "by_known_labels": rows, "plot": str(plot), "AP_at": f"N = {sizes[-1]} known labels",
             "gamma": args.gamma, "honest_run": str(honest.run_dir), "main_task_change": rec.mp[1] - honest.mp[1]})
+
+
+def _same_setup(a: TrainConfig, b: TrainConfig) -> None:
+    """The honest and the malicious run must differ only in the attacker's behaviour."""
+    ignore = {"data_dir", "device", "threads", "eval_batch_size"}
+
+    def flat(c: TrainConfig) -> dict[str, Any]:  # None-valued options are not written to config.toml
+        d = {k: v for k, v in c.to_dict().items() if k not in ignore | {"options"}}
+        d.update({f"options.{k}": v for k, v in c.options.items() if v is not None})
+        return d
+
+    da, db = flat(a), flat(b)
+    diff = sorted(k for k in da.keys() | db.keys() if da.get(k) != db.get(k))
+    if diff:
+        raise ConfigError(f"--reference-run was trained with different settings ({', '.join(diff)}); give the same "
+                          "train flags as that run, or drop --reference-run to train the honest run too")
 
 
 class FeatureReconstructionCommand:
