@@ -6,14 +6,23 @@ applied to every floating-point tensor of a message, flattened:
 ==================  ====================================================================================  =========
 operator            wire form (per tensor of ``n`` elements)                                               unbiased
 ==================  ====================================================================================  =========
-``topk:RATIO``      the ``k = ceil(RATIO * n)`` largest magnitudes: indices + values                      no
+``topk:RATIO``      the ``k = ceil(RATIO * n)`` largest magnitudes: indices + values; on a batch of        no
+                    samples (a non-persistent tensor of 2+ dimensions) the ``ceil(RATIO * width)`` largest
+                    of *each row*, so every sample keeps a representation and no row's wire form depends
+                    on the other rows of its batch (predictions do not depend on batch composition)
 ``randk:RATIO``     ``k`` uniformly random entries: a 64-bit seed + values, rescaled by ``n / k``          yes
 ``quant:BITS``      stochastic uniform quantisation on ``[min, max]`` with ``2^BITS - 1`` steps:           yes
                     ``BITS`` bits per value, bit-packed into uint8, + the range (2 floats)
 ``fp16`` / ``bf16`` values cast to half precision (deterministic rounding)                                 no
 ``fp32``            values cast to float32 (useful after a float64 algorithm)                              no
-``ef``              EF21 error feedback (Richtarik et al., 2021): the sender sends ``C(x - g)``, and sender
-                    and receiver both update ``g += C(x - g)``; the receiver uses ``g``
+``ef``              error feedback. For persistent messages (the same quantity every round: full-batch
+                    outputs, duals): EF21 (Richtarik et al., 2021), the sender sends ``C(x - g)``, sender and
+                    receiver both update ``g += C(x - g)``, the receiver uses ``g``. For per-row *gradients*
+                    (backward messages with rows), which the receiver adds into its parameters: the sender
+                    sends ``C(x + e)`` and keeps ``e <- x + e - C(x + e)`` for the row's next message (Seide et al.
+                    2014; Stich et al. 2018), so no gradient mass is lost; an EF21 estimate of a row's gradient
+                    would mix in the row's stale gradient from its previous batch. Per-batch forward outputs
+                    keep no memory (see below)
 ``vr``              DIANA-style shifted compression (variance reduction, Mishchenko et al., 2019): the receiver
                     uses the unbiased ``h + C(x - h)``, both update ``h += alpha C(x - h)``, ``alpha = 1/(1+omega)``  yes
 ==================  ====================================================================================  =========
@@ -23,25 +32,39 @@ be combined, e.g. ``topk:0.1+quant:8+ef``. ``ef`` and ``vr`` exclude each other;
 
 Wire formats, all counted by the transport as they are encoded (nothing dense travels):
 
-* indices use the smallest integer type that holds ``n``: uint8 (n <= 256), 16 bits (n <= 65536, carried in an int16
-  tensor as ``index - 32768`` because the wire has no uint16), else int32;
+* a top-k support travels as indices in the smallest integer type that holds ``n`` (uint8 for n <= 256; 16 bits
+  for n <= 65536, carried in an int16 tensor as ``index - 32768`` because the wire has no uint16; else int32) or as
+  an ``n``-bit mask, whichever is smaller (the mask wins once ``k/n`` exceeds 1/16 with 16-bit indices);
 * ``randk`` does not transmit indices: the sender draws a fresh 64-bit seed per tensor and message, sends it (8
-  bytes), and both sides derive the same ``k`` indices from it with ``torch.randperm``. The selection is therefore
-  independent of the data, which is what makes it unbiased and also why it composes with noise added earlier;
+  bytes), and both sides derive the same ``k`` indices from it (numpy PCG64, sampling without replacement). The
+  selection is independent of the data, which is what makes it unbiased and also why it composes with noise
+  added earlier. Under ``ef`` the values are not rescaled by ``n / k`` (EF21 needs a contractive operator);
 * values keep the tensor's dtype unless a codec changes it; quantised codes are packed ``BITS`` per value, little
   endian within each byte, ``ceil(m * BITS / 8)`` bytes for ``m`` values, plus the range ``[lo, hi]``;
-* the message ``meta`` carries, per compressed tensor, the spec, shape and dtype needed to restore it (a few dozen
-  header bytes, counted too).
+* the message ``meta["cmp"]`` carries, per compressed tensor, its shape, dtype, the link's sequence number (with
+  memory) and the row width (row-wise top-k) -- a few dozen header bytes, counted too. The spec itself does not
+  travel: both ends are configured with the same ``--compress`` flags.
 
 Error feedback keeps state per (party, peer, message kind, tensor name), at the sender and (as a mirror) at the
-receiver, so ``inbound`` can rebuild the estimate; a per-link sequence number in ``meta`` detects a lost or
-reordered message (which would desynchronise the two copies) and raises :class:`ProtocolError`. A tensor whose size
-changes restarts its state at zero on both sides. The state is meaningful only when successive messages on a link
-carry *the same quantity* (a full-batch output, a parameter vector, the dual variable of a saddle-point method).
-For per-batch messages (mini-batch embeddings of different rows), the sender must name the rows: ``meta["rows"] =
-[split, ids...]`` (or a ``rows`` int64 tensor); the state is then kept per row, and ids travel packed like indices. A
-per-batch message with ``ef``/``vr`` and no row ids is refused, because mixing one batch's memory into another
-batch's rows silently corrupts them.
+receiver, so ``inbound`` can rebuild the estimate; the sequence number detects a lost or reordered message (which
+would desynchronise the two copies) and raises :class:`ProtocolError`. A tensor whose size changes restarts its
+state at zero on both sides. The state is meaningful only when successive messages on a link carry *the same
+quantity*: a message says so with ``meta["persistent"] = true`` (a full-batch output, the dual variable of a
+saddle-point method), or names its rows with ``meta["rows"]`` (per-batch embeddings), and the state is then kept per
+row. Rows are described by explicit ids (packed like indices and counted), a contiguous range, or a slice of the
+public shared-seed batch order (nothing but three integers travels; see :class:`CompressionLayer`). A feedback
+message with neither is refused, because mixing one batch's memory into another batch's rows silently corrupts them.
+
+Which messages keep memory under ``ef``/``vr``: persistent messages (EF21 / shift) and per-row backward gradients
+(residual / shift per row). Per-batch *forward* outputs are compressed without memory: at prediction time there is
+no memory for new rows, so the receiver must learn from the compressed form it will see then (see
+:meth:`CompressionLayer._mode`). The gradient that goes back for a top-k-compressed training batch is taken
+through the selection (zero outside the support the receiver saw; :meth:`CompressionLayer._mask_gradients`):
+compressed split learning then trains exactly the model "bottom, then per-row top-k", and a top-k of the same
+ratio on the gradient is lossless. Evaluation/prediction outputs (``meta["eval"] = true``), with ``--compress-eval
+auto`` (default), are compressed like the link's training messages when those used no memory (train/predict
+consistency) and sent dense otherwise (a linear model's test outputs, say); ``dense`` and ``compress`` force either.
+They are counted like everything else.
 
 Placement and composition (stack position 10, see :mod:`protocols.plugins`):
 
@@ -62,9 +85,10 @@ memory at the receiver is an estimate of what the sender sent, no more than the 
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -229,11 +253,22 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def randk_indices(n: int, k: int, seed: int) -> torch.Tensor:
-    """Sorted indices of ``k`` out of ``n`` drawn uniformly without replacement from ``seed`` (shared randomness)."""
+    """Sorted indices of ``k`` out of ``n`` drawn uniformly without replacement from ``seed`` (shared randomness).
+
+    numpy's PCG64 stream from the seed (Floyd-style sampling, O(k)); both ends derive the same indices.
+    """
     if k >= n:
         return torch.arange(n)
-    g = torch.Generator().manual_seed(int(seed))
-    return torch.sort(torch.randperm(n, generator=g)[:k]).values
+    return torch.from_numpy(_randk_cached(int(n), int(k), int(seed)).copy())
+
+
+@functools.lru_cache(maxsize=256)
+def _randk_cached(n: int, k: int, seed: int) -> np.ndarray:
+    # A pure function of public values (the seed is on the wire); the cache only saves recomputation when sender
+    # and receiver run in one process. The array is read-only so no caller can change a cached result.
+    idx = np.sort(np.random.default_rng(seed).choice(n, k, replace=False, shuffle=False)).astype(np.int64)
+    idx.setflags(write=False)
+    return idx
 
 
 def index_dtype(n: int) -> torch.dtype:
@@ -318,20 +353,52 @@ def dequantize(packed: torch.Tensor, lohi: torch.Tensor, bits: int, count: int, 
     return (lo + codes.to(lohi.dtype) * ((hi - lo) / s)).to(dtype)
 
 
+def _support_bytes(n: int, k: int, row_width: int = 0) -> tuple[str, int]:
+    """How a top-k support travels: ``"i"`` (k indices) or ``"m"`` (an n-bit mask), whichever is smaller.
+
+    Row-wise (``row_width`` > 0) indices count within a row, so they fit a narrower type.
+    """
+    space = row_width or n
+    idx = k * torch.empty((), dtype=index_dtype(space)).element_size()
+    mask = -(-n // 8)
+    return ("m", mask) if mask < idx else ("i", idx)
+
+
+def _kept_total(spec: CompressionSpec, n: int, row_width: int) -> int:
+    if spec.sparsifier == "topk" and row_width:
+        return (n // row_width) * spec.kept(row_width)
+    return spec.kept(n)
+
+
 def compress_values(
-    x: torch.Tensor, spec: CompressionSpec, generator: torch.Generator
+    x: torch.Tensor, spec: CompressionSpec, generator: torch.Generator, *, row_width: int = 0
 ) -> dict[str, torch.Tensor]:
     """Wire parts of the flat tensor ``x`` under ``spec`` (feedback is applied by the caller, not here).
 
-    Keys: ``i`` indices (top-k), ``s`` seed (rand-k), ``v`` values, ``q`` packed codes, ``r`` quantisation range.
-    Rand-k values are sent *unscaled*; :func:`decompress_values` and the layer apply ``n / k`` where unbiasedness
-    needs it, so the same wire form serves plain, EF21 and shifted use.
+    Keys: ``i`` indices or ``m`` bitmask (top-k: whichever is smaller), ``s`` seed (rand-k), ``v`` values,
+    ``q`` packed codes, ``r`` quantisation range. Rand-k values are sent *unscaled*; :func:`decompress_values`
+    returns the ``n / k`` factor separately, so the same wire form serves plain, EF21 and shifted use.
+    ``row_width`` > 0: top-k keeps the ``k`` largest magnitudes of *each row* of that width (a batch of samples:
+    every sample keeps a representation, and one row's wire form does not depend on the other rows in its batch).
     """
     n = x.numel()
     parts: dict[str, torch.Tensor] = {}
     if spec.sparsifier == "topk":
-        idx = topk_indices(x, spec.kept(n))
-        parts["i"] = pack_indices(idx, n)
+        if row_width and n % row_width:
+            raise ProtocolError(f"a tensor of {n} values is not made of rows of width {row_width}")
+        k = _kept_total(spec, n, row_width)
+        if row_width:
+            kr = spec.kept(row_width)
+            local = torch.sort(torch.topk(x.view(-1, row_width).abs(), kr, dim=1).indices, dim=1).values
+            idx = (local + torch.arange(0, n, row_width)[:, None]).reshape(-1)
+        else:
+            idx = topk_indices(x, k)
+        if _support_bytes(n, k, row_width)[0] == "m":
+            mask = torch.zeros(n, dtype=torch.int64)
+            mask[idx] = 1
+            parts["m"] = pack_bits(mask, 1)
+        else:
+            parts["i"] = pack_indices(local.reshape(-1) if row_width else idx, row_width or n)
         vals = x[idx]
     elif spec.sparsifier == "randk":
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
@@ -349,13 +416,23 @@ def compress_values(
 
 
 def decompress_values(
-    parts: Mapping[str, torch.Tensor], spec: CompressionSpec, n: int, dtype: torch.dtype
+    parts: Mapping[str, torch.Tensor], spec: CompressionSpec, n: int, dtype: torch.dtype, *, row_width: int = 0
 ) -> tuple[torch.Tensor, float]:
     """Dense flat tensor rebuilt from wire parts (zeros where nothing was sent), and the unbiasing scale ``n / k``."""
-    k = spec.kept(n)
+    if spec.sparsifier == "topk" and row_width and (row_width < 0 or n % row_width):
+        raise ProtocolError(f"a tensor of {n} values is not made of rows of width {row_width}")
+    k = _kept_total(spec, n, row_width)
     try:
         if spec.sparsifier == "topk":
-            idx: torch.Tensor | None = unpack_indices(parts["i"], n)
+            if "m" in parts:
+                idx: torch.Tensor | None = torch.nonzero(unpack_bits(parts["m"], 1, n)).reshape(-1)
+            elif row_width:
+                local = unpack_indices(parts["i"], row_width)
+                if local.numel() != k:
+                    raise ProtocolError(f"row-wise top-k carries {local.numel()} indices, expected {k}")
+                idx = (local.view(-1, spec.kept(row_width)) + torch.arange(0, n, row_width)[:, None]).reshape(-1)
+            else:
+                idx = unpack_indices(parts["i"], n)
         elif spec.sparsifier == "randk":
             idx = randk_indices(n, k, int(parts["s"].reshape(-1)[0]))
         else:
@@ -376,12 +453,12 @@ def decompress_values(
     return dense, (n / k if spec.sparsifier == "randk" else 1.0)
 
 
-def packed_size(spec: CompressionSpec, n: int, dtype: torch.dtype) -> int:
+def packed_size(spec: CompressionSpec, n: int, dtype: torch.dtype, *, row_width: int = 0) -> int:
     """Payload bytes of one tensor of ``n`` elements under ``spec`` (what :func:`compress_values` produces)."""
-    k = spec.kept(n)
+    k = _kept_total(spec, n, row_width)
     size = 0
     if spec.sparsifier == "topk":
-        size += k * torch.empty((), dtype=index_dtype(n)).element_size()
+        size += _support_bytes(n, k, row_width)[1]
     elif spec.sparsifier == "randk":
         size += 8
     if spec.codec == "quant":
@@ -395,8 +472,9 @@ def packed_size(spec: CompressionSpec, n: int, dtype: torch.dtype) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # The layer
 # ---------------------------------------------------------------------------------------------------------------
-_SEP = "@"  # wire tensor names: "<tensor>@<part>"
-_META = "compressed"
+_SEP = "@"  # wire tensor names: "<tensor>@<part>"; "@rows" holds explicit row ids
+_META = "cmp"
+RowSchedule = Callable[[int], np.ndarray]
 
 
 def _stable_hash(text: str) -> int:
@@ -411,6 +489,13 @@ class CompressionLayer(Layer):
     algorithm's traits at :meth:`check`, or explicitly. ``aggregation`` names the run's aggregation so the layer can
     refuse combinations that cannot work (forward compression under ``ckks`` or ``mask``). ``seed`` makes the
     senders' randomness (rand-k seeds, stochastic rounding) reproducible; each party draws from its own generator.
+
+    Rows of per-batch messages (for error feedback), in ``meta["rows"]``, one of:
+
+    * ``[split, id, id, ...]``: explicit ids; they travel packed (uint8/16/32 bits each) and are counted;
+    * ``{"s": split, "range": [start, stop]}``: contiguous rows (evaluation batches);
+    * ``{"s": split, "sched": [epoch, offset, count]}``: a slice of a public batch order that every party derives
+      from the shared seed (as the split-learning trainers do), resolved through :attr:`schedules`.
     """
 
     name: ClassVar[str] = "compress"
@@ -424,18 +509,27 @@ class CompressionLayer(Layer):
         forward_kinds: Iterable[str] | None = None,
         backward_kinds: Iterable[str] | None = None,
         seed: int = 0,
+        evaluation: str = "auto",
     ) -> None:
+        if evaluation not in ("auto", "dense", "compress"):
+            raise ConfigError(f"evaluation traffic must be 'auto', 'dense' or 'compress', got {evaluation!r}")
+        self.evaluation = evaluation
         self.forward = parse_spec(forward)
         self.backward = parse_spec(backward)
         self.aggregation = aggregation or "plain"
         self.forward_kinds = tuple(forward_kinds) if forward_kinds is not None else None
         self.backward_kinds = tuple(backward_kinds) if backward_kinds is not None else None
         self.seed = int(seed)
+        # split -> epoch -> public row order (the shared-seed batch schedule every party can compute)
+        self.schedules: dict[str, RowSchedule] = {}
+        self._schedule_cache: dict[tuple[str, int], np.ndarray] = {}
         self._rng: dict[str, torch.Generator] = {}
         self._memory: dict[str, dict[str, torch.Tensor]] = {}  # party -> state key -> g (EF21) or h (shift)
         self._seq: dict[str, dict[str, int]] = {}  # party -> link key -> messages so far
+        self._train_modes: dict[str, str] = {}  # "party|kind" -> mode of its last training message
+        self._support: dict[str, torch.Tensor] = {}  # "receiver|sender" -> support of the last top-k training batch
         self.counts: dict[str, dict[str, int]] = {
-            d: {"messages": 0, "dense_bytes": 0, "wire_bytes": 0} for d in ("forward", "backward")
+            d: {"messages": 0, "dense_bytes": 0, "wire_bytes": 0} for d in ("forward", "backward", "evaluation")
         }
 
     # -- validity ---------------------------------------------------------------------------------------------
@@ -446,12 +540,13 @@ class CompressionLayer(Layer):
             self.backward_kinds = tuple(traits.backward_kinds)
         problems = []
         if self.forward is not None and self.aggregation in SECURE_AGGREGATIONS and traits.aggregation != "none":
+            flag = "--he" if self.aggregation == "ckks" else "--secagg"
             what = "CKKS-encrypts" if self.aggregation == "ckks" else "masks"
             problems.append(
-                f"forward compression ({self.forward}) cannot be combined with --{'he' if self.aggregation == 'ckks' else 'secagg'} "
-                f"{self.aggregation}: that aggregation {what} each party's dense {'/'.join(traits.forward_kinds)} and adds "
-                "them, and sparse supports that differ between parties (top-k), shared-seed selections or bit-packed "
-                "codes cannot be added by the aggregator; compress the backward direction only (--compress-backward)"
+                f"forward compression ({self.forward}) cannot be combined with {flag} {self.aggregation}: that "
+                f"aggregation {what} each party's dense {'/'.join(traits.forward_kinds)} and adds them, and sparse "
+                "supports that differ between parties (top-k), shared-seed selections or bit-packed codes cannot be "
+                "added by the aggregator; compress the backward direction only (--compress-backward)"
             )
         if self.forward is None and self.backward is None:
             problems.append("no direction to compress: give a forward and/or backward spec")
@@ -473,23 +568,103 @@ class CompressionLayer(Layer):
             self._rng[party] = g
         return g
 
+    # -- rows -------------------------------------------------------------------------------------------------
+    def _scheduled(self, split: str, epoch: int) -> np.ndarray:
+        key = (split, epoch)
+        if key not in self._schedule_cache:
+            if split not in self.schedules:
+                raise ProtocolError(f"rows refer to a batch schedule of split {split!r}, which this layer does not know")
+            if len(self._schedule_cache) > 8:
+                self._schedule_cache.clear()
+            self._schedule_cache[key] = np.asarray(self.schedules[split](epoch), dtype=np.int64)
+        return self._schedule_cache[key]
+
+    def _resolve_rows(self, desc: Any, tensors: Mapping[str, torch.Tensor]) -> tuple[str, list[int]]:
+        """``(split, ids)`` from a wire row descriptor (see the class docstring)."""
+        try:
+            split = str(desc["s"])
+            if "range" in desc:
+                a, b = (int(v) for v in desc["range"])
+                return split, list(range(a, b))
+            if "sched" in desc:
+                epoch, off, count = (int(v) for v in desc["sched"])
+                order = self._scheduled(split, epoch)
+                if not 0 <= off <= off + count <= len(order):
+                    raise ProtocolError(f"scheduled rows {off}..{off + count} outside the epoch's {len(order)} rows")
+                return split, order[off : off + count].tolist()
+            space = int(desc["ids"])
+        except ProtocolError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"bad row descriptor {desc!r}: {exc}") from None
+        if f"{_SEP}rows" not in tensors:
+            raise ProtocolError("the row descriptor names explicit ids but the message carries none")
+        return split, unpack_indices(tensors[f"{_SEP}rows"], space).tolist()
+
+    @staticmethod
+    def _wire_rows(rows: Any) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """Sender side: the descriptor for the wire (and the packed ids when they must travel)."""
+        if isinstance(rows, dict):
+            return dict(rows), None
+        if not isinstance(rows, (list, tuple)) or not rows or not isinstance(rows[0], str):
+            raise ProtocolError("meta['rows'] must be [split, id, ...] or a {'s', 'range'|'sched'} descriptor")
+        ids = [int(i) for i in rows[1:]]
+        if any(i < 0 for i in ids):
+            raise ProtocolError("meta['rows'] has a negative row id")
+        if ids and ids == list(range(ids[0], ids[0] + len(ids))):
+            return {"s": rows[0], "range": [ids[0], ids[0] + len(ids)]}, None
+        space = _row_space(ids)
+        return {"s": rows[0], "ids": space}, pack_indices(torch.as_tensor(ids, dtype=torch.int64), space)
+
     # -- outbound ---------------------------------------------------------------------------------------------
     def outbound(self, messages: list[Message], party: str) -> list[Message]:
-        return [self._compress(m, party) for m in messages]
+        return [self._compress(self._mask_gradients(m, party), party) for m in messages]
+
+    def _mask_gradients(self, m: Message, party: str) -> Message:
+        """The gradient of a top-k-compressed output, taken through the top-k selection.
+
+        A feature party's output ``h`` reached this party as ``topk(h)``; the loss depends on ``h`` only through the
+        kept entries, so ``dL/dh = mask * dL/dtopk(h)``. Sending the unmasked gradient would push entries that never
+        reached the loss (a straight-through estimate). The mask is this party's own knowledge (the support it
+        received); a gradient row block of another shape (no matching training batch) is left as is.
+        """
+        if m.kind not in (self.backward_kinds if self.backward_kinds is not None else ("gradient",)):
+            return m
+        support = self._support.pop(f"{party}|{m.receiver}", None)
+        if support is None:
+            return m
+        floats = [n for n, t in m.tensors.items() if t.is_floating_point()]
+        if len(floats) != 1 or tuple(m.tensors[floats[0]].shape) != tuple(support.shape):
+            return m
+        g = m.tensors[floats[0]]
+        return m.replace(tensors={**m.tensors, floats[0]: g * support.to(device=g.device, dtype=g.dtype)})
 
     def _compress(self, m: Message, party: str) -> Message:
         found = self._direction(m.kind)
         if found is None or _META in m.meta:
             return m
         direction, spec = found
-        rows = _row_ids(m) if spec.feedback else None
-        if spec.feedback and rows is None and not m.meta.get("persistent", False):
-            raise ProtocolError(
-                f"{spec} on a {m.kind} message from {party}: error feedback needs either the message's rows "
-                "(meta['rows'] = [split, ids...], for per-batch messages) or meta['persistent'] = true (the message "
-                "carries the same quantity every step); without them one batch's memory would corrupt another's rows"
-            )
+        if m.meta.get("eval"):
+            trained = self._train_modes.get(f"{party}|{m.kind}")
+            if self.evaluation == "dense" or (self.evaluation == "auto" and trained != "plain"):
+                self.counts["evaluation"]["messages"] += 1
+                return m  # prediction traffic sent as is (counted): see the module docstring
+            mode = "plain" if self.evaluation == "auto" else self._mode(spec, direction, m, party)
+        else:
+            mode = self._mode(spec, direction, m, party)
+            self._train_modes[f"{party}|{m.kind}"] = mode
         tensors: dict[str, torch.Tensor] = {}
+        meta = dict(m.meta)
+        rows: tuple[str, list[int]] | None = None
+        if mode == "memory" and "rows" in m.meta:
+            desc, packed = self._wire_rows(m.meta["rows"])
+            local = {f"{_SEP}rows": packed} if packed is not None else {}
+            rows = self._resolve_rows(desc, local)
+            if self._accumulates(spec, direction, rows):
+                meta.pop("rows")  # only the sender keeps (per-row) state: the ids need not travel
+            else:
+                tensors.update(local)
+                meta["rows"] = desc
         info: dict[str, Any] = {}
         gen = self._generator(party)
         for name, t in m.tensors.items():
@@ -499,29 +674,37 @@ class CompressionLayer(Layer):
             if not bool(torch.isfinite(t).all()):
                 raise ProtocolError(f"{m.kind} tensor {name!r} from {party} has non-finite values; refusing to compress")
             x = t.detach().cpu().reshape(-1)
-            entry: dict[str, Any] = {"spec": str(spec), "shape": list(t.shape), "dtype": _dtype_name(t.dtype)}
-            if spec.feedback:
+            seq = -1
+            # a batch of samples (not a persistent quantity): top-k acts row by row
+            width = t.numel() // t.shape[0] if t.dim() >= 2 and not m.meta.get("persistent", False) else 0
+            width = width if width >= 2 else 0  # rows of one value: top-k over the whole tensor
+            if mode == "memory" and self._accumulates(spec, direction, rows):
+                # per-row gradients the receiver adds into its parameters: carry the residual into the row's next
+                # message (error feedback of Seide et al. 2014 / Stich et al. 2018); only the sender keeps state
                 key = f"{m.receiver}|{m.kind}|{name}"
-                entry["seq"] = self._next_seq(party, key)
-                memory = self._state(party, key, x, rows, t.shape)
-                parts = compress_values(x - memory, spec, gen)
-                raw, scale = decompress_values(parts, spec, x.numel(), x.dtype)
-                self._update(party, key, raw, scale, spec, rows, t.shape, memory)
+                seq = -2  # tells the receiver: use the values as they are (unscaled), keep nothing
+                residual = self._state(party, key, x, rows)
+                parts = compress_values(x + residual, spec, gen, row_width=width)
+                raw, _ = decompress_values(parts, spec, x.numel(), x.dtype, row_width=width)
+                self._write(party, key, rows, x + residual - raw)
+            elif mode == "memory":
+                key = f"{m.receiver}|{m.kind}|{name}"
+                seq = self._next_seq(party, key)
+                memory = self._state(party, key, x, rows)
+                parts = compress_values(x - memory, spec, gen, row_width=width)
+                raw, scale = decompress_values(parts, spec, x.numel(), x.dtype, row_width=width)
+                self._update(party, key, raw, scale, spec, rows, memory)
             else:
-                parts = compress_values(x, spec, gen)
+                parts = compress_values(x, spec, gen, row_width=width)
             for p, v in parts.items():
-                tensors[f"{name}{_SEP}{p}"] = v
-            if rows is not None:
-                tensors[f"{name}{_SEP}rows"] = pack_indices(torch.as_tensor(rows[1]), _row_space(rows[1]))
-                entry["rows"] = [rows[0], _row_space(rows[1])]
-            info[name] = entry
+                tensors[f"{len(info)}{_SEP}{p}"] = v  # wire parts named by the tensor's position in meta["cmp"]
+            info[name] = [list(t.shape), _dtype_name(t.dtype), seq, width]
             c = self.counts[direction]
             c["messages"] += 1
             c["dense_bytes"] += t.numel() * t.element_size()
             c["wire_bytes"] += sum(v.numel() * v.element_size() for v in parts.values())
         if not info:
             return m
-        meta = {k: v for k, v in m.meta.items() if k != "rows"}
         meta[_META] = info
         return m.replace(tensors=tensors, meta=meta)
 
@@ -531,44 +714,48 @@ class CompressionLayer(Layer):
         if info is None:
             return message
         tensors = {k: v for k, v in message.tensors.items() if _SEP not in k}
-        restored_rows: tuple[str, list[int]] | None = None
-        for name, entry in info.items():
+        rows: tuple[str, list[int]] | None = None
+        found = self._direction(message.kind)
+        if found is None:
+            raise ProtocolError(f"received a compressed {message.kind} message, but this layer compresses no "
+                                f"{message.kind} messages; sender and receiver must use the same --compress specs")
+        spec = found[1]
+        for j, (name, entry) in enumerate(info.items()):
             try:
-                spec = parse_spec(entry["spec"])
-                shape = [int(s) for s in entry["shape"]]
-                dtype = WIRE_DTYPES[entry["dtype"]]
-            except (KeyError, TypeError, ValueError, ConfigError) as exc:
+                shape, dtype_name, seq, width = entry
+                width, seq = int(width), int(seq)
+                shape = [int(s) for s in shape]
+                dtype = WIRE_DTYPES[dtype_name]
+            except (KeyError, TypeError, ValueError) as exc:
                 raise ProtocolError(f"bad compression header for tensor {name!r}: {exc}") from None
-            assert spec is not None
             n = math.prod(shape)
-            parts = {
-                k.rsplit(_SEP, 1)[1]: v for k, v in message.tensors.items() if k.rsplit(_SEP, 1)[0] == name and _SEP in k
-            }
-            raw, scale = decompress_values(parts, spec, n, dtype)
-            if spec.feedback:
+            prefix = f"{j}{_SEP}"
+            parts = {k[len(prefix) :]: v for k, v in message.tensors.items() if k.startswith(prefix)}
+            raw, scale = decompress_values(parts, spec, n, dtype, row_width=width)
+            if seq == -2:  # the sender carried its residual (per-row gradients): values as they are
+                tensors[name] = raw.reshape(shape)
+                continue
+            if spec.feedback and seq >= 0:  # seq -1: sent without memory (see CompressionLayer._mode)
                 key = f"{message.sender}|{message.kind}|{name}"
-                seq = self._next_seq(party, key)
-                if int(entry.get("seq", -1)) != seq:
+                expected = self._next_seq(party, key)
+                if int(seq) != expected:
                     raise ProtocolError(
-                        f"compressed {message.kind} from {message.sender}: sequence {entry.get('seq')} but {party} "
-                        f"expected {seq}; a message was lost or reordered, so the error-feedback states diverged"
+                        f"compressed {message.kind} from {message.sender}: sequence {seq} but {party} expected "
+                        f"{expected}; a message was lost or reordered, so the error-feedback states diverged"
                     )
-                rows = None
-                if "rows" in entry:
-                    space = int(entry["rows"][1])
-                    if "rows" not in parts:
-                        raise ProtocolError(f"compressed tensor {name!r} names rows but carries no row ids")
-                    rows = (str(entry["rows"][0]), unpack_indices(parts["rows"], space).tolist())
-                    restored_rows = rows
-                memory = self._state(party, key, raw, rows, shape)
-                estimate = self._update(party, key, raw, scale, spec, rows, shape, memory)
-                out = estimate
+                if rows is None and "rows" in message.meta:
+                    rows = self._resolve_rows(message.meta["rows"], message.tensors)
+                memory = self._state(party, key, raw, rows)
+                out = self._update(party, key, raw, scale, spec, rows, memory)
             else:
                 out = raw * scale if scale != 1.0 else raw
+                forward = found[0] == "forward"
+                if forward and spec.sparsifier == "topk" and width and not message.meta.get("eval"):
+                    # the support of a training batch's top-k outputs: the next gradient back to this sender
+                    # is taken through the top-k selection (zero outside the support), see _mask_gradients
+                    self._support[f"{party}|{message.sender}"] = (raw != 0).reshape(shape)
             tensors[name] = out.reshape(shape)
         meta = {k: v for k, v in message.meta.items() if k != _META}
-        if restored_rows is not None:
-            meta["rows"] = [restored_rows[0], *restored_rows[1]]
         return message.replace(tensors=tensors, meta=meta, wire_size=message.wire_size)
 
     # -- feedback state ---------------------------------------------------------------------------------------
@@ -577,9 +764,7 @@ class CompressionLayer(Layer):
         seqs[key] = seqs.get(key, -1) + 1
         return seqs[key]
 
-    def _state(
-        self, party: str, key: str, x: torch.Tensor, rows: tuple[str, list[int]] | None, shape: Any
-    ) -> torch.Tensor:
+    def _state(self, party: str, key: str, x: torch.Tensor, rows: tuple[str, list[int]] | None) -> torch.Tensor:
         """The memory (flat, like ``x``) this message is compressed against, created or restarted as needed."""
         mem = self._memory.setdefault(party, {})
         if rows is None:
@@ -589,16 +774,55 @@ class CompressionLayer(Layer):
                 mem[key] = g
             return g
         split, ids = rows
-        width = x.numel() // max(1, len(ids))
+        if not ids or x.numel() % len(ids):
+            raise ProtocolError(f"a message of {x.numel()} values cannot hold {len(ids)} rows")
+        width = x.numel() // len(ids)
         rkey = f"{key}|rows:{split}"
         table = mem.get(rkey)
-        need = max(ids) + 1 if ids else 0
+        need = max(ids) + 1
         if table is None or table.shape[1] != width or table.dtype != x.dtype:
             table = torch.zeros((need, width), dtype=x.dtype)
         elif table.shape[0] < need:
             table = torch.cat([table, torch.zeros((need - table.shape[0], width), dtype=x.dtype)])
         mem[rkey] = table
         return table[torch.as_tensor(ids)].reshape(-1)
+
+    def _mode(self, spec: CompressionSpec, direction: str, m: Message, party: str) -> str:
+        """``"plain"`` (the operator alone) or ``"memory"`` (error feedback / shift) for this message.
+
+        Memory needs to know that successive messages on a link describe the same thing: ``persistent`` messages
+        (EF21 / shift on the whole tensor) and per-row backward gradients (residual carried per row, or per-row
+        shift). Per-batch *forward* outputs are compressed without memory even under ``ef``/``vr``: at prediction
+        time there is no memory for new rows, so the receiver has to learn from the compressed form it will see
+        then; training on EF21 estimates (close to dense) and predicting from plain compressed outputs (or dense
+        ones) is a train/predict mismatch that cost accuracy in our runs (credit, splitnn).
+        """
+        if spec.feedback is None:
+            return "plain"
+        if m.meta.get("persistent", False):
+            return "memory"
+        if direction == "forward":
+            return "plain"
+        if "rows" in m.meta:
+            return "memory"
+        raise ProtocolError(
+            f"{spec} on a {m.kind} message from {party}: error feedback on backward messages needs either the "
+            "message's rows (meta['rows'], for per-batch gradients) or meta['persistent'] = true (the message carries "
+            "the same quantity every step); without them one batch's memory would corrupt another's rows"
+        )
+
+    @staticmethod
+    def _accumulates(spec: CompressionSpec, direction: str, rows: tuple[str, list[int]] | None) -> bool:
+        """Whether ``ef`` means residual accumulation (per-row backward gradients) rather than EF21 (values)."""
+        return spec.feedback == "ef" and direction == "backward" and rows is not None
+
+    def _write(self, party: str, key: str, rows: tuple[str, list[int]] | None, new: torch.Tensor) -> None:
+        mem = self._memory[party]
+        if rows is None:
+            mem[key] = new
+        else:
+            table = mem[f"{key}|rows:{rows[0]}"]
+            table[torch.as_tensor(rows[1])] = new.reshape(len(rows[1]), -1)
 
     def _update(
         self,
@@ -608,7 +832,6 @@ class CompressionLayer(Layer):
         scale: float,
         spec: CompressionSpec,
         rows: tuple[str, list[int]] | None,
-        shape: Any,
         memory: torch.Tensor,
     ) -> torch.Tensor:
         """Advance the memory by this message and return the receiver's estimate (identical at both ends)."""
@@ -619,12 +842,7 @@ class CompressionLayer(Layer):
             unbiased = raw * scale
             estimate = memory + unbiased  # shifted compression: h + C(x - h), unbiased
             new = memory + unbiased / (1.0 + spec.omega(raw.numel()))
-        mem = self._memory[party]
-        if rows is None:
-            mem[key] = new
-        else:
-            table = mem[f"{key}|rows:{rows[0]}"]
-            table[torch.as_tensor(rows[1])] = new.reshape(len(rows[1]), -1)
+        self._write(party, key, rows, new)
         return estimate.clone()
 
     # -- facts and state --------------------------------------------------------------------------------------
@@ -634,10 +852,12 @@ class CompressionLayer(Layer):
             "forward": str(self.forward) if self.forward else None,
             "backward": str(self.backward) if self.backward else None,
             "placement": "after DP noise (post-processing), before encryption/secure channel",
+            "evaluation": self.evaluation,
         }
         for d, c in self.counts.items():
-            if c["messages"]:
+            if c["messages"] and d != "evaluation":
                 out[f"{d}_payload"] = {**c, "ratio": c["dense_bytes"] / max(1, c["wire_bytes"])}
+        out["evaluation_messages_dense"] = self.counts["evaluation"]["messages"]
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -647,6 +867,7 @@ class CompressionLayer(Layer):
             "memory": {p: dict(m) for p, m in self._memory.items()},
             "seq": {p: dict(s) for p, s in self._seq.items()},
             "counts": {d: dict(c) for d, c in self.counts.items()},
+            "train_modes": dict(self._train_modes),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -659,6 +880,7 @@ class CompressionLayer(Layer):
         self._seq = {p: {k: int(v) for k, v in s.items()} for p, s in state.get("seq", {}).items()}
         for d, c in state.get("counts", {}).items():
             self.counts[d] = {k: int(v) for k, v in c.items()}
+        self._train_modes = dict(state.get("train_modes", {}))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -668,21 +890,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     raise ProtocolError(f"dtype {dtype} has no wire format")
 
 
-def _row_ids(m: Message) -> tuple[str, list[int]] | None:
-    """``(split, ids)`` of a per-batch message, from ``meta['rows'] = [split, id, id, ...]`` if the sender gave it."""
-    rows = m.meta.get("rows")
-    if rows is None:
-        return None
-    if not isinstance(rows, (list, tuple)) or not rows or not isinstance(rows[0], str):
-        raise ProtocolError("meta['rows'] must be [split, id, id, ...]")
-    ids = [int(i) for i in rows[1:]]
-    if any(i < 0 for i in ids):
-        raise ProtocolError("meta['rows'] has a negative row id")
-    return str(rows[0]), ids
-
-
 def _row_space(ids: list[int]) -> int:
-    """Index space for row ids (rounded up to a power of two, so it does not leak the largest id exactly)."""
+    """Index space for explicit row ids (a power of two, at least 256)."""
     top = max(ids) + 1 if ids else 1
     return 1 << max(8, (top - 1).bit_length())
 
@@ -711,12 +920,16 @@ def secure_aggregation_name(options: Mapping[str, Any]) -> str:
     return "plain"
 
 
-def tag_rows(algo: Any) -> bool:
-    """Make a split-style algorithm name the rows of its per-batch messages, so error feedback can key its memory.
+def tag_rows(algo: Any, layer: CompressionLayer, *, backward_rows: bool = True) -> bool:
+    """Make a split-style algorithm mark its evaluation outputs and name the rows of its per-batch gradients.
 
-    Wraps each feature party's ``forward(step, split, ids, ...)`` and the label party's ``train_step(step, ids, ...)``
-    (the code runs as those parties, which know the ids already: batches come from a shared seed). The ids travel
-    packed with the compressed tensor and are counted. Returns False when the algorithm has no such parties.
+    Wraps each feature party's ``forward(step, split, ids, ...)`` (evaluation outputs get ``meta["eval"]``) and,
+    with ``backward_rows``, the label party's ``train_step(step, ids, ...)`` (its gradient messages get
+    ``meta["rows"]``, so per-row error feedback can key its memory); the code runs as those parties, which know the
+    ids already. Training batches are described as a slice
+    of the public shared-seed batch order (``batch_ids(train_rows, batch_size, seed, epoch)``, which every party
+    computes), so no ids travel; contiguous evaluation batches as a range; anything else as explicit, counted ids.
+    Returns False when the algorithm has no such parties.
     """
     fps = getattr(algo, "feature_parties", None)
     lp = getattr(algo, "label_party", None)
@@ -724,23 +937,60 @@ def tag_rows(algo: Any) -> bool:
         return False
     if not callable(getattr(lp, "train_step", None)):
         return False
+    cfg = getattr(algo, "cfg", None)
+    scheduled = cfg is not None and callable(getattr(algo, "train_rows", None)) and callable(getattr(algo, "train_epoch", None))
+    state: dict[str, Any] = {"epoch": None, "pos": None}
+    if scheduled:
+        from secvfl.algorithms.base import batch_ids
+
+        def order(epoch: int) -> np.ndarray:
+            batches = list(batch_ids(algo.train_rows(), cfg.batch_size, cfg.seed, epoch))
+            return np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+
+        layer.schedules["train"] = order
+        original_epoch = algo.train_epoch
+
+        def train_epoch(epoch: int, *args: Any, **kw: Any) -> Any:
+            state["epoch"] = epoch
+            try:
+                return original_epoch(epoch, *args, **kw)
+            finally:
+                state["epoch"] = None
+
+        algo.train_epoch = train_epoch
+
+    def describe(split: str, ids: Any, train: bool) -> Any:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ep = state["epoch"]
+        if scheduled and train and split == "train" and ep is not None and len(ids):
+            if state["pos"] is None or state["pos"][0] != ep:
+                o = layer._scheduled("train", ep)
+                state["pos"] = (ep, {int(r): i for i, r in enumerate(o)}, o)
+            _, pos, o = state["pos"]
+            off = pos.get(int(ids[0]))
+            if off is not None and np.array_equal(o[off : off + len(ids)], ids):
+                return {"s": "train", "sched": [ep, off, len(ids)]}
+        return [split, *ids.tolist()]
 
     def wrap_forward(fp: Any) -> None:
         original = fp.forward
 
         def forward(step: int, split: str, ids: Any, receiver: str, **kw: Any) -> Message:
             msg = original(step, split, ids, receiver, **kw)
-            return msg.replace(meta={**msg.meta, "rows": [split, *(int(i) for i in np.asarray(ids).reshape(-1))]})
+            # forward outputs keep no memory (CompressionLayer._mode), so only evaluation needs marking
+            return msg if kw.get("train", True) else msg.replace(meta={**msg.meta, "eval": True})
 
         fp.forward = forward
 
     for fp in fps:
         wrap_forward(fp)
+    if not backward_rows:
+        return True
     original_step = lp.train_step
 
     def train_step(step: int, ids: Any, *args: Any, **kw: Any) -> tuple[float, list[Message]]:
         loss, msgs = original_step(step, ids, *args, **kw)
-        rows = ["train", *(int(i) for i in np.asarray(ids).reshape(-1))]
+        rows = describe("train", ids, True)
         return loss, [m.replace(meta={**m.meta, "rows": rows}) for m in msgs]
 
     lp.train_step = train_step
@@ -768,6 +1018,9 @@ def _register_plugin() -> None:
                                 help="compression of forward messages (embeddings, outputs); overrides --compress")
             parser.add_argument("--compress-backward", default=None, metavar="SPEC",
                                 help="compression of backward messages (gradients, duals); overrides --compress")
+            parser.add_argument("--compress-eval", choices=("auto", "dense", "compress"), default=None,
+                                help="evaluation/prediction outputs: auto (default: compressed like training when "
+                                     "training used no memory, else dense), dense, or compress (always, with memory)")
 
         def configure(self, cfg: Any, traits: AlgorithmTraits, ctx: Any) -> ProtocolSetup | None:
             both = cfg.option("compress")
@@ -776,19 +1029,23 @@ def _register_plugin() -> None:
                 both = f"{both}:{ratio}"
             fwd, bwd = specs_from_options(both, cfg.option("compress_forward"), cfg.option("compress_backward"))
             if fwd is None and bwd is None:
+                if cfg.option("compress_eval") is not None:
+                    raise ConfigError("--compress-eval only applies together with --compress/--compress-forward")
                 return None
             if not traits.forward_kinds and not traits.backward_kinds:
                 raise UnsupportedError(f"--compress: algorithm {traits.name!r} exchanges no embeddings or gradients")
-            layer = CompressionLayer(fwd, bwd, aggregation=secure_aggregation_name(cfg.options), seed=cfg.seed)
+            layer = CompressionLayer(fwd, bwd, aggregation=secure_aggregation_name(cfg.options), seed=cfg.seed,
+                                     evaluation=cfg.option("compress_eval") or "auto")
             problems = layer.check(traits)
             if problems:
                 raise UnsupportedError(f"--compress is not valid for algorithm {traits.name!r}: " + "; ".join(problems))
             feedback = any(s is not None and s.feedback for s in (fwd, bwd))
 
             def attach(algo: Any) -> None:
-                if not feedback or getattr(algo, "persistent_messages", False):
-                    return
-                if not tag_rows(algo):
+                if getattr(algo, "persistent_messages", False):
+                    return  # the algorithm marks its own messages (persistent, rows, eval)
+                rows = bwd is not None and bwd.feedback is not None
+                if not tag_rows(algo, layer, backward_rows=rows) and feedback:
                     raise UnsupportedError(
                         f"--compress ...+ef/+vr: algorithm {traits.name!r} sends per-batch messages without naming "
                         "their rows, so error feedback cannot keep a per-row memory; drop +ef/+vr"

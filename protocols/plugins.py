@@ -62,6 +62,7 @@ PLUGIN_MODULES: list[str] = [
     "protocols.dp.plugin",
     "protocols.secure_plugins",
     "protocols.compression",
+    "secvfl.algorithms.saddle_train",
 ]
 _loaded = False
 

@@ -22,7 +22,7 @@ _BUILTIN = [
     ("local", "secvfl.algorithms.local", "Local"),
 ]
 # Modules that register further algorithms with @ALGORITHMS.register(name) when imported.
-_MODULES: list[str] = ["secvfl.algorithms.laser", "secvfl.algorithms.missing_baselines"]
+_MODULES: list[str] = ["secvfl.algorithms.laser", "secvfl.algorithms.missing_baselines", "secvfl.algorithms.saddle_train"]
 _loaded = False
 
 

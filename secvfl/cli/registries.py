@@ -33,6 +33,7 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.bench.overhead",
     "secvfl.bench.crypto",
     "secvfl.cli.attack",
+    "secvfl.experiments.saddle",
 ]
 _loaded = False
 

@@ -1,0 +1,219 @@
+"""Saddle-point VFL beyond linear models: MLP bottom models, per-sample ``z`` and ``lambda``, stochastic EG.
+
+Feature party ``k`` runs a bottom model ``f_k(a_nk; theta_k)`` with C outputs; the model is ``sum_k f_k``. With the
+per-sample variables ``z_n`` and ``lambda_n`` (scaled by N, so every quantity is O(1))::
+
+    min_{theta, z} max_lambda  (1/N) sum_n [ loss(z_n, y_n) + <lambda_n, sum_k f_k(a_nk; theta_k) - z_n> ] + r(theta)
+
+Each mini-batch ``B`` is one stochastic ExtraGradient iteration of two rounds (feature parties send
+``f_k(A_kB; theta_k)``; the label party sends ``lambda_B``), updating ``theta`` with the batch estimate
+``(1/b) sum_B J_k^T lambda_n`` and only the batch rows of ``z`` and ``lambda``. The problem is not convex-concave,
+so there is no guarantee beyond stationarity; the point is that the same extensions (compression of both
+directions, partial participation, noise) apply unchanged.
+
+A row seen for the first time starts at ``z_n = sum_k f_k(a_nk)`` and ``lambda_n = grad loss(z_n)`` (the label
+party computes both from what it received), i.e. on the saddle manifold of the current model, instead of at zero,
+where the first updates would point the wrong way. Step sizes: ``lr`` for ``theta``, ``1/curvature`` for ``z`` and
+``curvature/2`` for ``lambda`` (the same block scaling as the linear case).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from secvfl.algorithms.saddle import BACKWARD_KIND, FORWARD_KIND, LABEL, Loss, make_loss
+from secvfl.errors import ConfigError
+from secvfl.messages import Message
+from secvfl.transport.network import Network
+
+__all__ = ["MLPFeatureParty", "MLPLabelParty", "SaddleMLP", "build_mlp_saddle"]
+
+Params = dict[str, torch.Tensor]
+
+
+class MLPFeatureParty:
+    """A feature party with its own block (train/test rows) and bottom model; holds nothing else."""
+
+    def __init__(self, name: str, blocks: dict[str, np.ndarray], model: nn.Module, *, weight_decay: float = 0.0,
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.name = name
+        self._x = {s: torch.as_tensor(np.asarray(b), dtype=dtype) for s, b in blocks.items()}
+        self.model = model.to(dtype=dtype)
+        self.weight_decay = float(weight_decay)
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"MLPFeatureParty({self.name!r})"
+
+    def params(self) -> Params:
+        return {k: v.detach() for k, v in self.model.named_parameters()}
+
+    def output(self, split: str, rows: np.ndarray | None, params: Params | None = None) -> torch.Tensor:
+        x = self._x[split] if rows is None else self._x[split][torch.as_tensor(rows)]
+        with torch.no_grad():
+            return functional_call(self.model, params or self.params(), (x,))
+
+    def operator(self, rows: np.ndarray, lam: torch.Tensor, params: Params) -> Params:
+        """``grad r(theta) + (1/b) J(theta)^T lambda_B`` at ``params`` (a vector-Jacobian product)."""
+        x = self._x["train"][torch.as_tensor(rows)]
+        p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        out = functional_call(self.model, p, (x,))
+        grads = torch.autograd.grad(out, list(p.values()), grad_outputs=lam.to(out.dtype) / len(rows))
+        return {k: g + self.weight_decay * p[k].detach() for k, g in zip(p, grads, strict=True)}
+
+    def load(self, params: Params) -> None:
+        with torch.no_grad():
+            for k, v in self.model.named_parameters():
+                v.copy_(params[k])
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+
+
+class MLPLabelParty:
+    """Labels, the loss, and the per-sample ``z`` and ``lambda`` (scaled by N) of the training rows."""
+
+    def __init__(self, name: str, labels: dict[str, np.ndarray], loss: Loss, n_classes: int) -> None:
+        self.name = name
+        self.loss = loss
+        self.n_classes = n_classes
+        self._y = {s: np.asarray(v, dtype=np.int64) for s, v in labels.items()}
+        self._t = {s: loss.targets(v, n_classes) for s, v in self._y.items()}
+        n = len(self._y["train"])
+        self.C = loss.outputs(n_classes)
+        self.z = np.zeros((n, self.C))
+        self.lam = np.zeros((n, self.C))
+        self.seen = np.zeros(n, dtype=bool)
+
+    def row_grad(self, z: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Per-row gradient of ``loss`` (not divided by N)."""
+        return self.loss.grad(z, self._t["train"][rows]) * len(rows)
+
+    def batch_loss(self, s: np.ndarray, rows: np.ndarray) -> float:
+        return self.loss.value(s, self._t["train"][rows])
+
+    def accuracy(self, s: np.ndarray, split: str) -> float:
+        return float(np.mean(self.loss.predict(s) == self._y[split]))
+
+    def state_dict(self) -> dict:
+        return {"z": torch.from_numpy(self.z.copy()), "lam": torch.from_numpy(self.lam.copy()),
+                "seen": torch.from_numpy(self.seen.copy())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.z, self.lam, self.seen = state["z"].numpy().copy(), state["lam"].numpy().copy(), state["seen"].numpy().copy()
+
+
+class SaddleMLP:
+    """Stochastic ExtraGradient for MLP bottom models (``--algo eg-mlp``); see the module docstring."""
+
+    method: ClassVar[str] = "eg-mlp"
+
+    def __init__(self, net: Network, features: Sequence[MLPFeatureParty], label: MLPLabelParty, *, lr: float,
+                 batch_size: int, z_step: float | None = None, lam_step: float | None = None, seed: int = 0) -> None:
+        if not lr > 0:
+            raise ConfigError(f"learning rate must be positive, got {lr}")
+        self.net, self.features, self.label = net, list(features), label
+        curv = label.loss.curvature()
+        self.lr = lr
+        self.z_step = z_step if z_step is not None else 1.0 / curv
+        self.lam_step = lam_step if lam_step is not None else 0.5 * curv
+        self.batch_size = batch_size
+        self.seed = seed
+        self.step = 0
+
+    # -- communication ----------------------------------------------------------------------------------------
+    def _forward(self, outs: dict[str, torch.Tensor], rows: np.ndarray, split: str = "train") -> np.ndarray:
+        meta: dict[str, Any] = {"rows": [split, *map(int, rows)]}
+        if split != "train":
+            meta["eval"] = True  # prediction traffic (a compression layer sends it dense by default)
+        msgs = [Message(FORWARD_KIND, n, LABEL, self.step, {"value": v}, meta=meta) for n, v in outs.items()]
+        return self.net.aggregate(msgs, LABEL, "sum").tensor("value").to(torch.float64).numpy()
+
+    def _backward(self, lam: np.ndarray, names: Sequence[str], rows: np.ndarray, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        t = torch.as_tensor(lam, dtype=dtype)
+        meta = {"rows": ["train", *map(int, rows)]}
+        self.net.send(*[Message(BACKWARD_KIND, LABEL, n, self.step, {"value": t}, meta=meta) for n in names])
+        return {n: self.net.receive(n, kind=BACKWARD_KIND, sender=LABEL).tensor("value") for n in names}
+
+    # -- training ---------------------------------------------------------------------------------------------
+    def train_batch(self, rows: np.ndarray) -> float:
+        lab = self.label
+        parts = self.features
+        names = [p.name for p in parts]
+        params = {p.name: p.params() for p in parts}
+        S = self._forward({p.name: p.output("train", rows, params[p.name]) for p in parts}, rows)
+        fresh = ~lab.seen[rows]
+        if fresh.any():  # start unseen rows on the saddle manifold of the current model
+            r = rows[fresh]
+            lab.z[r] = S[fresh]
+            lab.lam[r] = lab.row_grad(S[fresh], r)
+            lab.seen[r] = True
+        z, lam = lab.z[rows], lab.lam[rows]
+        dtype = parts[0].dtype
+        lam_k = self._backward(lam, names, rows, dtype)
+        self.step += 1
+        half = {}
+        for p in parts:
+            g = p.operator(rows, lam_k[p.name], params[p.name])
+            half[p.name] = {k: v - self.lr * g[k] for k, v in params[p.name].items()}
+        zh = z - self.z_step * (lab.row_grad(z, rows) - lam)
+        lh = lam + self.lam_step * (S - z)
+        Sh = self._forward({p.name: p.output("train", rows, half[p.name]) for p in parts}, rows)
+        lh_k = self._backward(lh, names, rows, dtype)
+        self.step += 1
+        for p in parts:
+            g = p.operator(rows, lh_k[p.name], half[p.name])
+            p.load({k: v - self.lr * g[k] for k, v in params[p.name].items()})
+        lab.z[rows] = z - self.z_step * (lab.row_grad(zh, rows) - lh)
+        lab.lam[rows] = lam + self.lam_step * (Sh - zh)
+        return lab.batch_loss(S, rows)
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        n = len(self.label.seen)
+        order = np.random.default_rng([self.seed, epoch]).permutation(n)
+        losses = [self.train_batch(np.sort(order[i : i + self.batch_size])) for i in range(0, n, self.batch_size)]
+        return {"loss": float(np.mean(losses))}
+
+    def predict_scores(self, split: str, eval_batch: int = 4096) -> np.ndarray:
+        """Sum of the bottom outputs on ``split`` (the feature parties send them to the label party)."""
+        n = self.features[0]._x[split].shape[0]
+        out = []
+        for start in range(0, n, eval_batch):
+            rows = np.arange(start, min(n, start + eval_batch))
+            out.append(self._forward({p.name: p.output(split, rows) for p in self.features}, rows, split))
+            self.step += 1
+        return np.concatenate(out) if out else np.zeros((0, self.label.C))
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        s = self.predict_scores(split)
+        return {"accuracy": self.label.accuracy(s, split), "loss": self.label.loss.value(s, self.label._t[split])}
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.method, "lr": self.lr, "z_step": self.z_step, "lambda_step": self.lam_step,
+                "batch_size": self.batch_size}
+
+
+def build_mlp_saddle(
+    net: Network, blocks: Sequence[dict[str, np.ndarray]], labels: dict[str, np.ndarray], n_classes: int, *,
+    hidden: Sequence[int] = (64,), loss: str = "softmax", lr: float = 0.1, batch_size: int = 64,
+    weight_decay: float = 0.0, seed: int = 0,
+) -> SaddleMLP:
+    """Parties ``party0..`` with MLP bottoms (C outputs each) and the label party ``label`` on ``net``."""
+    from secvfl.models import MLP
+
+    loss_obj = make_loss(loss if n_classes > 2 or loss != "softmax" else "logistic")
+    C = loss_obj.outputs(n_classes)
+    torch.manual_seed(seed)
+    feats = [MLPFeatureParty(f"party{k}", b, MLP(b["train"].shape[1], list(hidden), C), weight_decay=weight_decay)
+             for k, b in enumerate(blocks)]
+    lab = MLPLabelParty(LABEL, labels, loss_obj, n_classes)
+    return SaddleMLP(net, feats, lab, lr=lr, batch_size=batch_size, seed=seed)

@@ -1,0 +1,312 @@
+"""Saddle-point VFL: the operator F, linear convergence of EG to a closed-form saddle point, the baselines, the
+network plumbing (floats counted, compression, partial participation, refusals) and the MLP extension."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from protocols.base import Aggregation, PlainAggregation
+from protocols.compression import CompressionLayer
+from secvfl.algorithms.saddle import (
+    ExtraGradient,
+    Monitor,
+    StepSizes,
+    build_federation,
+    make_loss,
+    power_lambda_max,
+)
+from secvfl.algorithms.saddle_baselines import (
+    ADMM,
+    GradientDescent,
+    Nesterov,
+    centralised_optimum,
+    smoothness,
+)
+from secvfl.errors import ConfigError, UnsupportedError
+
+
+def _data(n=60, d=12, classes=2, seed=0, sparse=False):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    w = rng.standard_normal((d, classes))
+    y = np.argmax(X @ w + 0.5 * rng.standard_normal((n, classes)), axis=1)
+    Xt = rng.standard_normal((n // 2, d))
+    yt = np.argmax(Xt @ w, axis=1)
+    if sparse:
+        X[np.abs(X) < 1.0] = 0.0
+        Xt[np.abs(Xt) < 1.0] = 0.0
+        return sp.csr_matrix(X), y, sp.csr_matrix(Xt), yt
+    return X, y, Xt, yt
+
+
+def _fed(loss="logistic", mu=0.1, classes=2, parties=3, layers=(), aggregation=None, **kw):
+    X, y, Xt, yt = _data(classes=classes, **kw)
+    return build_federation(X, y, Xt, yt, n_parties=parties, loss=loss, mu=mu, n_classes=classes, layers=layers,
+                            aggregation=aggregation), (X, y)
+
+
+# -- the operator ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("loss", "classes"), [("logistic", 2), ("squared", 2), ("squared", 3), ("softmax", 4)])
+def test_operator_matches_autograd_of_the_lagrangian(loss, classes):
+    fed, _ = _fed(loss, mu=0.3, classes=classes)
+    rng = np.random.default_rng(1)
+    C, n = fed.label.C, fed.n
+    xs = [rng.standard_normal((p.d, C)) for p in fed.features]
+    z, lam = rng.standard_normal((n, C)), rng.standard_normal((n, C)) / n
+    # F as the parties compute it
+    S = sum(p.output(x) for p, x in zip(fed.features, xs, strict=True))
+    Fx = [p.operator(x, lam) for p, x in zip(fed.features, xs, strict=True)]
+    Fz, Fl = fed.label.operator(z, lam, S)
+    # autograd of L(x, z, lambda) = l(z) + r(x) + <lambda, sum_k A_k x_k - z>; F = (dL/dx, dL/dz, -dL/dlambda)
+    tx = [torch.tensor(x, requires_grad=True) for x in xs]
+    tz, tl = torch.tensor(z, requires_grad=True), torch.tensor(lam, requires_grad=True)
+    A = [torch.tensor(p._A["train"].toarray() if sp.issparse(p._A["train"]) else p._A["train"]) for p in fed.features]
+    t = torch.tensor(fed.label._t["train"])
+    if loss == "logistic":
+        lz = torch.nn.functional.binary_cross_entropy_with_logits(tz, t, reduction="sum") / n
+    elif loss == "squared":
+        lz = 0.5 * ((tz - t) ** 2).sum() / n
+    else:
+        lz = -(torch.log_softmax(tz, dim=1) * t).sum() / n
+    reg = sum(0.5 * 0.3 * (x**2).sum() for x in tx)
+    lag = lz + reg + (tl * (sum(a @ x for a, x in zip(A, tx, strict=True)) - tz)).sum()
+    grads = torch.autograd.grad(lag, [*tx, tz, tl])
+    for mine, ref in zip(Fx, grads[: len(tx)], strict=True):
+        np.testing.assert_allclose(mine, ref.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(Fz, grads[-2].numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(Fl, -grads[-1].numpy(), rtol=1e-10, atol=1e-12)
+
+
+def _closed_form_saddle(X, y, mu):
+    """Squared loss (targets +-1): x* = (A^T A / n + mu I)^{-1} A^T t / n, z* = A x*, lambda* = (z* - t) / n."""
+    t = (2.0 * y - 1.0).reshape(-1, 1)
+    n, d = X.shape
+    x = np.linalg.solve(X.T @ X / n + mu * np.eye(d), X.T @ t / n)
+    z = X @ x
+    return x, z, (z - t) / n
+
+
+@pytest.mark.parametrize("step", ["scaled", "theory"])
+def test_eg_converges_linearly_to_the_closed_form_saddle_point(step):
+    mu = 0.5
+    fed, (X, y) = _fed("squared", mu=mu, n=24, d=6)
+    x_star, z_star, lam_star = _closed_form_saddle(X, y, mu)
+    lm = power_lambda_max(fed, tol=1e-10)
+    assert lm == pytest.approx(np.linalg.eigvalsh(X.T @ X)[-1], rel=0.02)
+    L_l = fed.label.smoothness
+    steps = StepSizes.scaled(lm, mu, L_l) if step == "scaled" else StepSizes.theory(lm, mu, L_l)
+    eg = ExtraGradient(fed, steps)
+
+    def dist():
+        x = np.concatenate([p.x for p in fed.features])
+        return max(np.abs(x - x_star).max(), np.abs(fed.label.z - z_star).max(), n_lam * np.abs(fed.label.lam - lam_star).max())
+
+    n_lam = fed.n  # lambda lives on the 1/n scale
+    iters = 20 if step == "scaled" else 600
+    errs = []
+    for _ in range(5):
+        for _ in range(iters):
+            eg.iterate()
+        errs.append(dist())
+    # linear convergence: the error shrinks by (at least) a constant factor per block of iterations
+    ratios = [errs[i + 1] / errs[i] for i in range(len(errs) - 1) if errs[i] > 1e-12]
+    assert len(ratios) >= 3 and max(ratios) < 0.5, errs
+    if step == "scaled":
+        for _ in range(200):
+            eg.iterate()
+        errs.append(dist())
+        assert errs[-1] < 1e-12
+    # at the saddle point F vanishes
+    S = sum(p.output() for p in fed.features)
+    Fz, Fl = fed.label.operator(fed.label.z, fed.label.lam, S)
+    assert np.abs(Fl).max() < 10 * errs[-1] + 1e-12
+
+
+def test_each_eg_iteration_is_two_rounds_and_floats_are_counted():
+    fed, _ = _fed("logistic", parties=3)
+    eg = ExtraGradient(fed, StepSizes(1e-3, 1.0, 1e-3))
+    tr = fed.transport
+    before = tr.payload()
+    eg.iterate()
+    n, C, K = fed.n, fed.label.C, 3
+    # two rounds x (K forward A_k x_k + K backward lambda), float64
+    assert (tr.payload() - before) / 8 == 2 * (K * n * C + K * n * C)
+    assert fed.net.stats.messages_by_kind["logits"] == 2 * K and fed.net.stats.messages_by_kind["gradient"] == 2 * K
+
+
+@pytest.mark.parametrize("method", ["gd", "nesterov", "admm", "eg", "eg-avg"])
+def test_every_method_reaches_the_centralised_optimum(method):
+    fed, (X, y) = _fed("logistic", mu=0.05)
+    x_star, f_star, info = centralised_optimum(X, y, "logistic", 0.05)
+    assert info["grad_norm"] < 1e-10
+    lm = power_lambda_max(fed)
+    if method == "gd":
+        algo = GradientDescent(fed, smoothness(fed, lm))
+    elif method == "nesterov":
+        algo = Nesterov(fed, smoothness(fed, lm))
+    elif method == "admm":
+        algo = ADMM(fed, rho=1.0 / fed.n)
+    else:
+        algo = ExtraGradient(fed, StepSizes.scaled(lm, fed.mu, fed.label.smoothness))
+    trace = algo.run(Monitor(fed, f_star), max_iters=3000, target=1e-9, eval_every=10)
+    if method == "eg-avg":  # the averaged iterate converges too, but only at O(1/T)
+        assert trace.last()["avg_subopt"] < 1e-2
+        return
+    assert trace.info["status"] == "target", trace.last()
+    x = np.concatenate(algo.current())
+    np.testing.assert_allclose(x, x_star, atol=1e-3)
+
+
+def test_centralised_optimum_matches_closed_form_and_softmax_gradient_vanishes():
+    X, y, _, _ = _data()
+    x_ref, _, _ = _closed_form_saddle(X, y, 0.2)
+    x, f, info = centralised_optimum(X, y, "squared", 0.2)
+    np.testing.assert_allclose(x, x_ref, atol=1e-10)
+    X3, y3, _, _ = _data(classes=3, d=30)
+    _, _, info = centralised_optimum(X3, y3, "softmax", 0.01)
+    assert info["grad_norm"] < 1e-10
+
+
+def test_compressed_eg_with_error_feedback_converges_and_sends_fewer_floats():
+    f_star = None
+    results = {}
+    for spec in (None, "randk:0.25+ef", "randk:0.25+vr"):
+        layers = [CompressionLayer(spec, spec)] if spec else []
+        fed, (X, y) = _fed("logistic", mu=0.05, layers=layers, n=200)
+        if f_star is None:
+            _, f_star, _ = centralised_optimum(X, y, "logistic", 0.05)
+        lm = power_lambda_max(fed)
+        eg = ExtraGradient(fed, StepSizes.scaled(lm, fed.mu, fed.label.smoothness, 0.5))
+        tr = eg.run(Monitor(fed, f_star), max_iters=4000, target=1e-8, eval_every=20)
+        assert tr.info["status"] == "target", (spec, tr.last())
+        results[spec] = tr.last()["floats"]
+    # per message a quarter of the values (+ an 8-byte seed): fewer floats in total to the same precision
+    assert results["randk:0.25+ef"] < 0.6 * results[None]
+
+
+def test_partial_participation_converges_and_needs_individual_messages():
+    fed, (X, y) = _fed("logistic", mu=0.05)
+    _, f_star, _ = centralised_optimum(X, y, "logistic", 0.05)
+    lm = power_lambda_max(fed)
+    eg = ExtraGradient(fed, StepSizes.scaled(lm, fed.mu, fed.label.smoothness), participation=0.5, seed=3)
+    tr = eg.run(Monitor(fed, f_star), max_iters=4000, target=1e-8, eval_every=20)
+    assert tr.info["status"] == "target"
+    # fewer messages than full participation for the same number of iterations
+    assert fed.net.stats.messages_by_kind["logits"] < 2 * 3 * eg.t
+
+    class SumOnly(Aggregation):
+        name = "ckks"
+
+        def aggregate(self, net, messages, receiver, op):
+            return PlainAggregation().aggregate(net, messages, receiver, op)
+
+    fed2, _ = _fed("logistic", aggregation=SumOnly())
+    assert not fed2.individual_messages
+    with pytest.raises(UnsupportedError, match="plain aggregation"):
+        ExtraGradient(fed2, StepSizes(1e-3, 1.0, 1e-3), participation=0.5)
+    # full participation works with a sum-only aggregation
+    ExtraGradient(fed2, StepSizes(1e-3, 1.0, 1e-3)).iterate()
+
+
+def test_stochastic_minibatch_eg_makes_progress():
+    fed, (X, y) = _fed("logistic", mu=0.05, n=400)
+    _, f_star, _ = centralised_optimum(X, y, "logistic", 0.05)
+    lm = power_lambda_max(fed)
+    eg = ExtraGradient(fed, StepSizes.scaled(lm, fed.mu, fed.label.smoothness, 0.1), batch_size=100, seed=0)
+    tr = eg.run(Monitor(fed, f_star), max_iters=800, eval_every=100)
+    assert tr.rows[-1]["subopt"] < 0.05 * tr.rows[0]["subopt"]
+    # batch-sized messages: 100 rows each
+    assert fed.transport.payload(["logits"]) / 8 == 800 * 2 * 3 * 100
+
+
+def test_bad_inputs_raise_clear_errors():
+    X, y, Xt, yt = _data()
+    with pytest.raises(ConfigError, match="mu"):
+        build_federation(X, y, Xt, yt, mu=-1.0)
+    with pytest.raises(ConfigError, match="cannot split"):
+        build_federation(X, y, Xt, yt, n_parties=50)
+    with pytest.raises(ConfigError, match="softmax"):
+        build_federation(*_data(classes=3), n_parties=2, loss="logistic", n_classes=3)
+    with pytest.raises(ConfigError, match="valid names"):
+        make_loss("hinge")
+    fed, _ = _fed()
+    with pytest.raises(ConfigError, match="participation"):
+        ExtraGradient(fed, StepSizes(1, 1, 1), participation=0.0)
+
+
+def test_mlp_saddle_learns_digits():
+    from protocols.base import Role
+    from secvfl.algorithms.saddle_mlp import build_mlp_saddle
+    from secvfl.data import load_dataset, make_partition
+    from secvfl.transport.network import Network
+
+    torch.manual_seed(0)
+    d = load_dataset("digits")
+    K = 2
+    part = make_partition(d.X_train.shape[1], K)
+    blocks = [{"train": part.take(d.X_train, k), "test": part.take(d.X_test, k)} for k in range(K)]
+    roles = {f"party{k}": Role.FEATURE for k in range(K)} | {"label": Role.LABEL}
+    net = Network(roles, layers=[CompressionLayer("topk:0.5+ef", "topk:0.5+ef")])
+    algo = build_mlp_saddle(net, blocks, {"train": d.y_train, "test": d.y_test}, d.n_classes, lr=0.05,
+                            batch_size=32, hidden=(32,))
+    for epoch in range(4):
+        algo.train_epoch(epoch)
+    acc = algo.evaluate("test")["accuracy"]
+    assert acc > 0.8, acc
+
+
+def test_reproduce_saddle_writes_tables_and_plots(data_dir, tmp_path):
+    import json
+
+    from secvfl.experiments.saddle import run_experiment
+
+    result = run_experiment("mushrooms", data_dir, tmp_path, methods=("gd", "eg", "eg-pp50"), max_iters=20,
+                            log=lambda *_: None)
+    assert {r["method"] for r in result["summary"]} == {"gd", "eg", "eg-pp50"}
+    for f in ("results.json", "table.md", "curves.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    saved = json.loads((tmp_path / "results.json").read_text())
+    eg = next(t for t in saved["traces"] if t["method"] == "eg")
+    gd = next(t for t in saved["traces"] if t["method"] == "gd")
+    # EG sends twice GD's floats per iteration (two rounds), and both start from the same objective
+    assert eg["rows"][-1]["floats"] == pytest.approx(2 * gd["rows"][-1]["floats"])
+    assert eg["rows"][0]["objective"] == pytest.approx(gd["rows"][0]["objective"])
+    assert "| EG |" in (tmp_path / "table.md").read_text()
+
+
+@pytest.mark.slow
+def test_a9a_acceptance_eg_reaches_1e4_and_central_accuracy(data_dir):
+    from secvfl.experiments.saddle import SETTINGS, load_problem, run_method
+
+    problem = load_problem("a9a", data_dir)
+    setting = SETTINGS["a9a"]
+    _, f_star, _ = centralised_optimum(problem.X_train, problem.y_train, "logistic", setting.mu)
+    fed = build_federation(problem.X_train, problem.y_train, problem.X_test, problem.y_test, n_parties=5, mu=setting.mu)
+    lam_max = power_lambda_max(fed)
+    x_star, _, _ = centralised_optimum(problem.X_train, problem.y_train, "logistic", setting.mu)
+    acc_star = Monitor(fed).test_accuracy(np.array_split(x_star, 5, axis=0))
+    trace = run_method("eg", problem, setting, lam_max, f_star, log=lambda *_: None)
+    last = trace.last()
+    assert last["subopt"] <= 1e-4
+    assert abs(last["test_accuracy"] - acc_star) * 100 <= 0.1
+
+
+def test_train_cli_eg_resumes_to_the_same_result(tmp_path):
+    from secvfl.config import TrainConfig
+    from secvfl.runner import run_training
+
+    opts = {"compress": "randk:0.1+ef", "saddle_participation": 0.5, "saddle_iters": 20}
+    quiet = {"progress": False, "log": lambda *_: None}
+    full = run_training(TrainConfig(algo="eg", dataset="breast_cancer", epochs=4, options=opts),
+                        out=tmp_path / "full", **quiet)
+    run_training(TrainConfig(algo="eg", dataset="breast_cancer", epochs=2, options=opts), out=tmp_path / "half",
+                 **quiet)
+    cfg = (tmp_path / "half" / "config.toml").read_text().replace("epochs = 2", "epochs = 4")
+    (tmp_path / "half" / "config.toml").write_text(cfg)
+    resumed = run_training(TrainConfig(), resume=tmp_path / "half", **quiet)
+    assert resumed["metrics"]["test"] == full["metrics"]["test"]
+    assert resumed["comm"]["bytes_total"] == full["comm"]["bytes_total"]
+    assert full["metrics"]["test"]["accuracy"] > 0.9
