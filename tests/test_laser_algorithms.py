@@ -33,8 +33,8 @@ def synthetic(n: int = 600, K: int = 3, cols: int = 2, seed: int = 0, noise: flo
 
 def build(cls, data: Dataset, K: int, *, p_train: float = 0.0, seed: int = 0, **cfg_kw):
     cfg = TrainConfig(algo=cls.name, parties=K, batch_size=cfg_kw.pop("batch_size", 32), lr=cfg_kw.pop("lr", 0.01),
-                      hidden=cfg_kw.pop("hidden", (8,)), embedding_dim=cfg_kw.pop("embedding_dim", 4), head_hidden=(),
-                      val_fraction=0.0, seed=seed, **cfg_kw)
+                      hidden=cfg_kw.pop("hidden", (8,)), embedding_dim=cfg_kw.pop("embedding_dim", 4),
+                      head_hidden=cfg_kw.pop("head_hidden", ()), val_fraction=0.0, seed=seed, **cfg_kw)
     rng = np.random.default_rng([seed, 1])
     masks = {s: np.ones((len(getattr(data, f"y_{s}")), K), dtype=bool) for s in ("train", "val", "test")}
     if p_train:
@@ -49,12 +49,14 @@ def build(cls, data: Dataset, K: int, *, p_train: float = 0.0, seed: int = 0, **
 # --- LASER: the distributed step is the sampled objective's gradient ----------------------------------------
 
 
+@pytest.mark.parametrize("head_hidden", [(), (3,)])  # closed-form linear-head path and the autograd path
 @pytest.mark.parametrize("observed", [(0, 1, 2), (0, 2), (1,)])
-def test_laser_step_equals_monolithic_sampled_objective(observed):
+def test_laser_step_equals_monolithic_sampled_objective(observed, head_hidden):
     """One step through isolated parties and serialised messages moves every parameter exactly as plain SGD on
     sum_k sum_j a_j * loss(g_k(mean of S_kj)), computed in one process with a per-subset loop."""
     data = synthetic(K=3)
-    algo = build(LaserVFL, data, 3, optimizer="sgd", lr=1.0)
+    algo = build(LaserVFL, data, 3, optimizer="sgd", lr=1.0, head_hidden=head_hidden)
+    assert (algo.laser_parties[0]._linear_head is None) == bool(head_hidden)
     parties = algo.laser_parties
     before = [(copy.deepcopy(p.f), copy.deepcopy(p.g)) for p in parties]
     rngs = [copy.deepcopy(p._rng) for p in parties]
@@ -242,3 +244,41 @@ def test_local_and_ensemble_predict_from_own_blocks():
             assert p_ens[row, obs[0]] == counts.argmax()
     assert ens.net.stats.messages_by_kind["prediction"] > 0
     assert local.score("test", mask)["accuracy"] > 0.9 and ens.score("test", mask)["accuracy"] > 0.9
+
+
+def test_a_secure_aggregation_is_refused_because_it_would_protect_nothing():
+    from protocols.base import Aggregation
+
+    class SumOnly(Aggregation):
+        name = "test-sum"
+
+        def aggregate(self, net, messages, receiver, op):  # noqa: ANN001, ANN201
+            raise AssertionError("never called")
+
+    data = synthetic(K=3)
+    cfg = TrainConfig(algo="laser", parties=3, val_fraction=0.0)
+    masks = {s: np.ones((len(getattr(data, f"y_{s}")), 3), dtype=bool) for s in ("train", "val", "test")}
+    ctx = RunContext(cfg, data, make_partition(data.n_features, 3), masks, torch.device("cpu"), torch.float32)
+    net = Network(LaserVFL.party_roles(3), aggregation=SumOnly())
+    with pytest.raises(UnsupportedError, match="would protect nothing"):
+        LaserVFL(ctx, net)
+
+
+def test_combinatorial_batched_models_equal_one_model_at_a_time():
+    """A party runs its 2^(K-1) representation models as one batched MLP; training is the same as running them
+    one by one (same initial weights, same batches)."""
+    K = 3
+    data = synthetic(K=K)
+    a = build(Combinatorial, data, K, p_train=0.3)
+    b = build(Combinatorial, data, K, p_train=0.3)
+    assert all(p._layers is not None for p in a.predictor_parties)
+    for p in b.predictor_parties:
+        p._layers = None  # the one-model-at-a-time path
+    for batch in a.epoch_batches(0)[:8]:
+        a.train_batch(batch)
+        b.train_batch(batch)
+    for pa, pb in zip(a.predictor_parties, b.predictor_parties, strict=True):
+        for key in pa.f:
+            for x, z in zip(pa.f[key].parameters(), pb.f[key].parameters(), strict=True):
+                torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-6)
+    assert a.predict_parties("test").tolist() == b.predict_parties("test").tolist()

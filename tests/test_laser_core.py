@@ -253,8 +253,9 @@ def test_binary_one_logit_loss_matches_bce():
     torch.testing.assert_close(loss, ref)
 
 
+@pytest.mark.parametrize("skip_every", [0, 3])
 @pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])
-def test_flat_optimizer_matches_torch_optim_with_skipped_groups(name):
+def test_flat_optimizer_matches_torch_optim_with_skipped_groups(name, skip_every):
     import copy
 
     from secvfl.algorithms.missing_base import FlatOptimizer
@@ -267,7 +268,7 @@ def test_flat_optimizer_matches_torch_optim_with_skipped_groups(name):
     flat = FlatOptimizer([list(m.parameters()) for m in mods], name, 0.01, 0.1)
     gen = torch.Generator().manual_seed(1)
     for step in range(25):
-        use = [True, step % 3 != 0]  # the second group misses every third step
+        use = [True, not skip_every or step % skip_every != 0]  # the second group may miss every third step
         for i, m in enumerate(ref_mods):
             grads = [torch.randn(p.shape, generator=gen) for p in m.parameters()]
             for p, g in zip(m.parameters(), grads, strict=True):
@@ -284,3 +285,32 @@ def test_flat_optimizer_matches_torch_optim_with_skipped_groups(name):
     other = FlatOptimizer([list(copy.deepcopy(m).parameters()) for m in mods], name, 0.01, 0.1)
     other.load_state_dict(state)
     assert torch.equal(other.steps, flat.steps)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 5), C=st.sampled_from([1, 3]), with_bias=st.booleans(), seed=st.integers(0, 10_000))
+def test_closed_form_linear_head_step_equals_autograd(n, C, with_bias, seed):
+    from secvfl.algorithms.subsets import linear_head_task_grads, per_sample_loss
+
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    B, d = 6, 4
+    observed = tuple(range(n))
+    k = int(rng.integers(n))
+    head = torch.nn.Linear(d, C, bias=with_bias).double()
+    reps = torch.randn(n, B, d, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 2 if C == 1 else C, (B,))
+    _, M = TaskTable.of(k, observed).draw(rng)
+    w = torch.tensor(task_weights(n), dtype=torch.float64)
+    loss, _ = weighted_task_loss(head, reps, M.double(), w, y, per_sample_loss(2 if C == 1 else C))
+    params = [reps, head.weight] + ([head.bias] if with_bias else [])
+    expected = torch.autograd.grad(loss, params)
+    got_loss, d_reps, d_w, d_b = linear_head_task_grads(head.weight.detach(), head.bias.detach() if with_bias else None,
+                                                        reps.detach(), M.double(), w, y)
+    torch.testing.assert_close(got_loss, loss.detach())
+    torch.testing.assert_close(d_reps, expected[0])
+    torch.testing.assert_close(d_w, expected[1])
+    if with_bias:
+        torch.testing.assert_close(d_b, expected[2])
+    else:
+        assert d_b is None

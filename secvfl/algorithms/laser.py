@@ -35,6 +35,7 @@ from torch import nn
 
 from protocols.base import AlgorithmTraits
 from secvfl.algorithms import ALGORITHMS
+from secvfl.algorithms.base import RunContext
 from secvfl.algorithms.missing_base import (
     SPLITS,
     FlatOptimizer,
@@ -42,16 +43,32 @@ from secvfl.algorithms.missing_base import (
     fusion_head,
     representation_model,
 )
-from secvfl.algorithms.subsets import Subset, TaskTable, averaging_matrix, per_sample_loss, weighted_task_loss
+from secvfl.algorithms.subsets import (
+    Subset,
+    TaskTable,
+    averaging_matrix,
+    linear_head_task_grads,
+    per_sample_loss,
+    weighted_task_loss,
+)
 from secvfl.data.pattern_sampler import PatternBatch
 from secvfl.errors import ConfigError, PartyIsolationError
 from secvfl.messages import Message
+from secvfl.models import MLP
 from secvfl.parties import probabilities, require_wire
 from secvfl.transport.network import Network
 
 __all__ = ["LaserParty", "LaserVFL"]
 
 _TASK_SALT = 0x1A5E4  # party k's private task-sampling stream: default_rng([seed, _TASK_SALT, k])
+
+
+def _single_linear(head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) when ``head`` is exactly one linear layer (an MLP without hidden layers), else None."""
+    layers = [m for m in head.modules() if not isinstance(m, (nn.Sequential, MLP))]
+    if len(layers) == 1 and isinstance(layers[0], nn.Linear):
+        return layers[0].weight, layers[0].bias
+    return None
 
 
 class LaserParty:
@@ -80,6 +97,7 @@ class LaserParty:
         opt_name, lr, wd = optimizer_spec
         self._f_params = [p for p in self.f.parameters() if p.requires_grad]
         self._g_params = [p for p in self.g.parameters() if p.requires_grad]
+        self._linear_head = _single_linear(self.g)
         # f_k and g_k always step together: one flat group.
         self.optimizer = FlatOptimizer([[*self._f_params, *self._g_params]], opt_name, lr, wd)
         self._g_grads: tuple[torch.Tensor, ...] = ()
@@ -141,16 +159,24 @@ class LaserParty:
         """Sampled-task loss of ``g_k`` on the batch; returns the loss and a gradient message per peer."""
         if self._rep is None:
             raise PartyIsolationError(f"{self.name} was asked to train its head without a representation step")
-        reps = self._stack(self._rep.detach(), observed, names, received).requires_grad_(True)
         table = TaskTable.of(self.index, tuple(observed))
         _, matrix = table.draw(self._rng)
+        matrix = matrix.to(device=self.device, dtype=self.dtype)
         y = self._y["train"][self._rows]
-        loss, _ = weighted_task_loss(self.g, reps, matrix.to(device=self.device, dtype=self.dtype),
-                                     table.weights.to(device=self.device), y, self.loss_fn)
-        # autograd.grad instead of backward(): gradients are written, not accumulated, so no zero_grad pass.
-        grads = torch.autograd.grad(loss, [reps, *self._g_params])
-        self._g_grads = grads[1:]
-        rep_grads = grads[0]
+        if self._linear_head is not None:
+            # One linear layer: closed-form gradients, no autograd graph (the common, cheapest case).
+            with torch.no_grad():
+                reps = self._stack(self._rep.detach(), observed, names, received)
+                w, b = self._linear_head
+                loss, rep_grads, d_w, d_b = linear_head_task_grads(w, b, reps, matrix, table.weights, y)
+            self._g_grads = (d_w, d_b) if b is not None else (d_w,)
+        else:
+            reps = self._stack(self._rep.detach(), observed, names, received).requires_grad_(True)
+            loss, _ = weighted_task_loss(self.g, reps, matrix, table.weights.to(device=self.device), y, self.loss_fn)
+            # autograd.grad instead of backward(): gradients are written, not accumulated, so no zero_grad pass.
+            grads = torch.autograd.grad(loss, [reps, *self._g_params])
+            self._g_grads = grads[1:]
+            rep_grads = grads[0]
         out = []
         for i, (k, name) in enumerate(zip(observed, names, strict=True)):
             if k == self.index:
@@ -221,7 +247,7 @@ class LaserVFL(MissingAlgorithm):
     name = "laser"
     traits = AlgorithmTraits("laser", "subset-mean", forward_kinds=("embedding",), backward_kinds=("gradient",))
 
-    def __init__(self, ctx, net: Network) -> None:  # noqa: ANN001 - RunContext
+    def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         cfg, data, part = ctx.config, ctx.data, ctx.partition
         self.laser_parties: list[LaserParty] = []

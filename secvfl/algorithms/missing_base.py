@@ -16,6 +16,7 @@ outside the federation and sends nothing between parties.
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from typing import Any, ClassVar
 
@@ -23,32 +24,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from protocols.base import Role
+from protocols.base import PlainAggregation, Role
 from secvfl.algorithms.base import Algorithm, ProgressFn, RunContext, feature_party_names
 from secvfl.algorithms.missing_eval import evaluate_predictions
 from secvfl.data.pattern_sampler import PatternBatch, PatternBatchSampler, observed_parties, pattern_codes
-from secvfl.errors import ConfigError
+from secvfl.errors import ConfigError, UnsupportedError
 from secvfl.models import MLP, make_bottom, output_dim
-from secvfl.parties import OPTIMIZERS
 from secvfl.transport.network import Network
 
-__all__ = ["MissingAlgorithm", "make_optimizer_fast", "FlatOptimizer", "representation_model", "fusion_head", "SPLITS"]
+__all__ = ["MissingAlgorithm", "FlatOptimizer", "representation_model", "fusion_head", "SPLITS"]
 
 SPLITS = ("train", "val", "test")
-
-
-def make_optimizer_fast(params: list[nn.Parameter], name: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """The configured optimiser; Adam/AdamW use the fused kernel (same update, fewer small ops per step)."""
-    try:
-        cls = OPTIMIZERS[name]
-    except KeyError:
-        raise ConfigError(f"unknown optimiser {name!r}; choose one of {', '.join(OPTIMIZERS)}") from None
-    if name in ("adam", "adamw"):
-        try:
-            return cls(params, lr=lr, weight_decay=weight_decay, fused=True)
-        except (RuntimeError, TypeError):  # a device/dtype without a fused kernel
-            pass
-    return cls(params, lr=lr, weight_decay=weight_decay)
 
 
 class FlatOptimizer:
@@ -86,6 +72,7 @@ class FlatOptimizer:
         self.exp_avg_sq = torch.zeros_like(self.flat)
         self._sizes_t = torch.as_tensor(self.sizes, dtype=torch.int64)
         self._grads: dict[int, torch.Tensor] = {}
+        self._uniform = True  # all groups have the same step count (true until some group skips a step)
 
     def set_grads(self, group: int, grads: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> None:
         """Gradients of group ``group``'s parameters, in their order; accumulated if set twice in one step."""
@@ -123,7 +110,11 @@ class FlatOptimizer:
             self.steps += 1
         else:
             self.steps[active] += 1
-        t = torch.repeat_interleave(self.steps, self._sizes_t).to(p.dtype)
+            self._uniform = False
+        if self._uniform:  # every group has taken every step: scalar bias corrections
+            t: torch.Tensor | float = float(self.steps[0])
+        else:
+            t = torch.repeat_interleave(self.steps, self._sizes_t).to(p.dtype)
         if self.name == "adamw":
             decay = 1 - self.lr * self.weight_decay
             p.mul_(decay if elem is None else torch.where(elem, decay, 1.0))
@@ -136,9 +127,12 @@ class FlatOptimizer:
         else:
             m.copy_(torch.where(elem, m.lerp(g, 1 - b1), m))
             v.copy_(torch.where(elem, v * b2 + (1 - b2) * g * g, v))
-        bc1 = 1 - b1**t
+        if isinstance(t, float):
+            denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(self.eps)
+            p.addcdiv_(m, denom, value=-self.lr / (1 - b1**t))
+            return
         denom = (v / (1 - b2**t)).sqrt_().add_(self.eps)
-        update = m / bc1 / denom
+        update = m / (1 - b1**t) / denom
         p.sub_(update * self.lr if elem is None else torch.where(elem, update * self.lr, 0.0))
 
     def state_dict(self) -> dict[str, Any]:
@@ -149,6 +143,7 @@ class FlatOptimizer:
         if state.get("name") != self.name or list(state["sizes"]) != self.sizes:
             raise ConfigError("optimiser state does not match this party's optimiser (different --optimizer or model)")
         self.steps.copy_(state["steps"])
+        self._uniform = bool((self.steps == self.steps[0]).all()) if len(self.steps) else True
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
 
@@ -172,6 +167,14 @@ class MissingAlgorithm(Algorithm):
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
+        if not isinstance(net.aggregation, PlainAggregation):
+            # These algorithms never ask the network for a sum: every receiver gets each party's tensor (LASER:
+            # every party averages its own subsets). A secure aggregation would silently protect nothing.
+            raise UnsupportedError(
+                f"{self.name} sends each party's representation to its receivers individually and never sums "
+                f"them through the network, so --secagg/--he ({net.aggregation.name}) would protect nothing; drop "
+                "it (--secure-channel protects the messages in transit)"
+            )
         self.K = ctx.partition.n_blocks
         self.names = feature_party_names(self.K)
         self.n_classes = ctx.data.n_classes

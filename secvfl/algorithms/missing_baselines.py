@@ -37,6 +37,7 @@ from torch import nn
 
 from protocols.base import AlgorithmTraits
 from secvfl.algorithms import ALGORITHMS
+from secvfl.algorithms.base import RunContext
 from secvfl.algorithms.missing_base import (
     SPLITS,
     FlatOptimizer,
@@ -49,6 +50,7 @@ from secvfl.algorithms.subsets import Subset, nonempty_subsets
 from secvfl.data.pattern_sampler import PatternBatch
 from secvfl.errors import ConfigError, PartyIsolationError, UnsupportedError
 from secvfl.messages import Message
+from secvfl.models import MLP
 from secvfl.parties import require_wire, task_loss
 from secvfl.transport.network import Network
 
@@ -78,6 +80,31 @@ class PredictorSpec:
     @property
     def key(self) -> str:
         return "p" + "-".join(map(str, self.members))
+
+
+def _mlp_layers(models: nn.ModuleDict) -> tuple[dict[str, list[tuple[torch.Tensor, torch.Tensor]]] | None, list[bool]]:
+    """Per model, its (weight, bias) per layer, if all models are Linear(+ReLU) stacks of identical shapes."""
+    layers: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    pattern: list[bool] | None = None
+    shapes: list[tuple[int, ...]] | None = None
+    for key, model in models.items():
+        mods = list(model.net) if isinstance(model, MLP) else []
+        if not mods:
+            return None, []
+        lins, relu_after = [], []
+        for m in mods:
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                lins.append((m.weight, m.bias))
+                relu_after.append(False)
+            elif isinstance(m, nn.ReLU) and relu_after and not relu_after[-1]:
+                relu_after[-1] = True
+            else:
+                return None, []
+        these = [tuple(w.shape) for w, _ in lins]
+        if (pattern is not None and relu_after != pattern) or (shapes is not None and these != shapes):
+            return None, []
+        pattern, shapes, layers[key] = relu_after, these, lins
+    return (layers, pattern or []) if len(layers) > 1 else (None, [])
 
 
 class PredictorParty:
@@ -120,6 +147,10 @@ class PredictorParty:
         self._expected_from: set[str] = set()
         self._eval: dict[str, torch.Tensor] = {}
         self._training: bool | None = None
+        # A party with several representation models of one MLP shape (Combinatorial) runs them as one batched
+        # model: (weight, bias) per layer and key, and which layers are followed by a ReLU.
+        self._stacked: tuple[list[str], torch.Tensor] | None = None
+        self._layers, self._relu_after = _mlp_layers(self.f)
 
     def __repr__(self) -> str:
         return f"PredictorParty({self.name!r})"
@@ -143,14 +174,33 @@ class PredictorParty:
         if train:
             self._own_grads.clear()
             self._expected_from = {h for h in by_holder if h != self.name}
+        all_keys = [key for keys in by_holder.values() for key in keys]
         with torch.set_grad_enabled(train):
-            for holder, keys in by_holder.items():
-                reps = {key: self.f[key](x) for key in keys}
-                store.update(reps)
-                if holder != self.name:
-                    out.append(Message("embedding", self.name, holder, step,
-                                       {key: r.detach() for key, r in reps.items()}))
+            if self._layers is not None and len(all_keys) > 1:
+                stacked = self._stacked_forward(x, all_keys)
+                store.update(zip(all_keys, stacked.unbind(0), strict=True))
+                if train:
+                    self._stacked = (all_keys, stacked)
+            else:
+                store.update((key, self.f[key](x)) for key in all_keys)
+                if train:
+                    self._stacked = None
+        for holder, keys in by_holder.items():
+            if holder != self.name:
+                out.append(Message("embedding", self.name, holder, step, {key: store[key].detach() for key in keys}))
         return out
+
+    def _stacked_forward(self, x: torch.Tensor, keys: list[str]) -> torch.Tensor:
+        """All listed MLPs on the same rows at once: one batched matrix product per layer -> (len(keys), B, d)."""
+        h = x.unsqueeze(0).expand(len(keys), *x.shape)
+        layers = [self._layers[k] for k in keys]
+        for depth, relu in enumerate(self._relu_after):
+            w = torch.stack([ls[depth][0] for ls in layers])  # (S, out, in)
+            b = torch.stack([ls[depth][1] for ls in layers])  # (S, out)
+            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+            if relu:
+                h = torch.relu(h)
+        return h
 
     def apply_gradients(self, received: Sequence[Message]) -> None:
         """Backprop the holders' gradients (and its own, as holder) through its ``f^P_k``; one optimiser step."""
@@ -167,7 +217,19 @@ class PredictorParty:
             raise PartyIsolationError(f"{self.name} expected gradients from {sorted(self._expected_from)}, "
                                       f"got {sorted(senders)}")
         keys = [k for k in self._pending if k in grads]  # a dropped/unused representation gets no gradient
-        if keys:
+        if keys and self._stacked is not None:
+            all_keys, stacked = self._stacked
+            zero = torch.zeros_like(stacked[0])
+            flat = [p for k in all_keys for p in self._f_params[k]]
+            got = torch.autograd.grad(stacked, flat, torch.stack([grads.get(k, zero) for k in all_keys]))
+            offset = 0
+            for k in all_keys:
+                n = len(self._f_params[k])
+                if k in grads:
+                    self.optimizer.set_grads(self._groups[("f", k)], list(got[offset : offset + n]))
+                offset += n
+            self._stepped = True
+        elif keys:
             params = [self._f_params[k] for k in keys]
             flat = [p for ps in params for p in ps]
             outs = [self._pending[k] for k in keys]
@@ -182,6 +244,7 @@ class PredictorParty:
         self._stepped = False
         self._pending.clear()
         self._own_grads.clear()
+        self._stacked = None
 
     # -- holder side ------------------------------------------------------------------------------------------
     def _inputs(self, spec: PredictorSpec, present: Sequence[int], names: Sequence[str],
@@ -260,7 +323,7 @@ class PredictorFamily(MissingAlgorithm):
 
     traits: ClassVar[AlgorithmTraits]
 
-    def __init__(self, ctx, net: Network) -> None:  # noqa: ANN001 - RunContext
+    def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         self.check_parties(self.K)
         cfg, data, part = ctx.config, ctx.data, ctx.partition
@@ -467,7 +530,7 @@ class PlugVFL(PredictorFamily):
     name = "plugvfl"
     traits = AlgorithmTraits("plugvfl", "concat")
 
-    def __init__(self, ctx, net: Network) -> None:  # noqa: ANN001 - RunContext
+    def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         self.p_drop = float(self.cfg.option("p_drop", 0.05))
         if not 0.0 <= self.p_drop < 1.0:

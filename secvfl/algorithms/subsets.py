@@ -49,6 +49,7 @@ __all__ = [
     "subset_means",
     "weighted_task_loss",
     "per_sample_loss",
+    "linear_head_task_grads",
     "full_objective",
     "sampled_objective",
 ]
@@ -246,6 +247,44 @@ def weighted_task_loss(
     per_sample = (loss_fn or _cross_entropy)(logits, targets)
     loss = per_sample.mean(dim=1) @ weights.to(per_sample.dtype)
     return loss, logits
+
+
+def linear_head_task_grads(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    reps: torch.Tensor,
+    matrix: torch.Tensor,
+    weights: torch.Tensor,
+    targets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`weighted_task_loss` and its gradients for a linear head, in closed form (no autograd graph).
+
+    LASER-VFL's fusion heads are usually one linear layer; the step of every party is then a handful of matrix
+    products: ``F = M R``, ``Z = F W^T + b``, ``dZ = w_s / B * (sigmoid(Z) - y)`` (one logit, BCE) or
+    ``w_s / B * (softmax(Z) - onehot(y))`` (softmax CE), ``dW = dZ^T F``, ``db = sum dZ``, ``dR = M^T (dZ W)``.
+    Returns ``(loss, dL/dreps, dL/dweight, dL/dbias)``; equal to autograd on :func:`weighted_task_loss` (tested).
+    """
+    n, B = reps.shape[0], reps.shape[1]
+    S = matrix.shape[0]
+    fused = (matrix @ reps.reshape(n, -1)).reshape(S * B, -1)  # (S*B, d)
+    logits = torch.addmm(bias, fused, weight.t()) if bias is not None else fused @ weight.t()  # (S*B, C)
+    scale = (weights.to(logits.dtype) / B).repeat_interleave(B).unsqueeze(1)  # (S*B, 1)
+    if weight.shape[0] == 1:  # binary: one logit, BCE
+        y = targets.to(logits.dtype).repeat(S).unsqueeze(1)
+        per_sample = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
+        d_logits = (torch.sigmoid(logits) - y) * scale
+    else:
+        y = targets.repeat(S)
+        per_sample = F.cross_entropy(logits, y, reduction="none").unsqueeze(1)
+        d_logits = torch.softmax(logits, dim=1)
+        d_logits[torch.arange(S * B), y] -= 1.0
+        d_logits = d_logits * scale
+    loss = (per_sample * scale).sum()
+    d_weight = d_logits.t() @ fused
+    d_bias = d_logits.sum(dim=0) if bias is not None else None
+    d_fused = (d_logits @ weight).reshape(S, -1)
+    d_reps = (matrix.t() @ d_fused).reshape(reps.shape)
+    return loss, d_reps, d_weight, d_bias
 
 
 def full_objective(loss_of: Callable[[int, Subset], float | torch.Tensor], observed: Sequence[int]):
