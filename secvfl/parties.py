@@ -21,6 +21,8 @@ __all__ = [
     "LabelParty",
     "BackwardRule",
     "standard_backward",
+    "ReleaseRule",
+    "PlainRelease",
     "task_loss",
     "make_optimizer",
     "require_wire",
@@ -85,6 +87,40 @@ def standard_backward(head, forward, inputs, labels, loss_fn) -> float:  # noqa:
     return float(loss.detach())
 
 
+class ReleaseRule(Protocol):
+    """What a feature party releases of its model's output, and how a gradient for that release becomes gradients
+    of its model's parameters.
+
+    The counterpart of :class:`BackwardRule` on the feature side: protocol layers that change what a feature party
+    releases (feature DP: clipped, noised rows and per-sample clipped, noised model gradients) install their own
+    rule on the party instead of reaching into it. Used by :class:`FeatureParty` and LASER-VFL's parties.
+    """
+
+    def release(self, party: str, step: int, split: str, out: torch.Tensor, *, train: bool) -> torch.Tensor:
+        """The tensor that leaves the party for its model output ``out`` (detached) on rows of ``split``."""
+        ...
+
+    def model_gradients(
+        self, model: nn.Module, x: torch.Tensor, out: torch.Tensor, grad: torch.Tensor
+    ) -> list[torch.Tensor | None]:
+        """Gradients of ``model``'s trainable parameters (in ``parameters()`` order; None for an unused one) for
+        the batch ``x`` whose output ``out`` (with its graph) received the gradient ``grad``."""
+        ...
+
+
+class PlainRelease:
+    """Release the output as computed; backpropagate the received gradient through it."""
+
+    def release(self, party: str, step: int, split: str, out: torch.Tensor, *, train: bool) -> torch.Tensor:
+        return out
+
+    def model_gradients(
+        self, model: nn.Module, x: torch.Tensor, out: torch.Tensor, grad: torch.Tensor
+    ) -> list[torch.Tensor | None]:
+        params = [p for p in model.parameters() if p.requires_grad]
+        return list(torch.autograd.grad(out, params, grad, allow_unused=True))
+
+
 class _Party:
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype) -> None:
         self.name = name
@@ -120,13 +156,14 @@ class FeatureParty(_Party):
         self.model = model.to(device=device, dtype=dtype)
         self.optimizer = optimizer
         self.output_kind = output_kind
-        self._pending: torch.Tensor | None = None
+        self.release_rule: ReleaseRule = PlainRelease()
+        self._pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     def rows(self, split: str) -> int:
         return int(self._x[split].shape[0])
 
     def forward(self, step: int, split: str, ids: np.ndarray, receiver: str, *, train: bool = True) -> Message:
-        """Compute the bottom-model output on rows ``ids`` and wrap it for ``receiver``."""
+        """Compute the bottom-model output on rows ``ids`` and wrap what the release rule lets out for ``receiver``."""
         idx = torch.as_tensor(ids, device=self.device)
         x = self._x[split][idx]
         self.model.train(train)
@@ -134,21 +171,30 @@ class FeatureParty(_Party):
             out = self.model(x)
             if split in self._observed:  # in-graph, so rows it does not hold get no gradient either
                 out = out * self._observed[split][idx]
+        released = self.release_rule.release(self.name, step, split, out.detach(), train=train)
         if train:
-            self._pending = out
-        return Message(self.output_kind, self.name, receiver, step, {self.output_kind: out.detach()})
+            held = self._observed[split][idx] if split in self._observed else None
+            self._pending = (x, out, held)
+        return Message(self.output_kind, self.name, receiver, step, {self.output_kind: released})
 
     def backward(self, message: Message) -> None:
         """Apply the received gradient w.r.t. the last training output and take an optimiser step."""
         require_wire(message)
         if self._pending is None:
             raise PartyIsolationError(f"{self.name} received a gradient without a pending forward pass")
-        grad = message.tensor("gradient").to(device=self.device, dtype=self._pending.dtype)
-        if grad.shape != self._pending.shape:
-            raise PartyIsolationError(f"{self.name}: gradient of shape {tuple(grad.shape)} for output {tuple(self._pending.shape)}")
-        self.optimizer.zero_grad(set_to_none=True)
-        self._pending.backward(grad)
+        x, out, held = self._pending
+        grad = message.tensor("gradient").to(device=self.device, dtype=out.dtype)
+        if grad.shape != out.shape:
+            raise PartyIsolationError(f"{self.name}: gradient of shape {tuple(grad.shape)} for output {tuple(out.shape)}")
+        if held is not None:  # rows the party does not hold never train its model, whatever the rule
+            grad = grad * held
+        grads = self.release_rule.model_gradients(self.model, x, out, grad)
         self._pending = None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if len(grads) != len(params):
+            raise PartyIsolationError(f"{self.name}: release rule returned {len(grads)} gradients for {len(params)} parameters")
+        for p, g in zip(params, grads, strict=True):
+            p.grad = None if g is None else g.to(p.dtype)
         self.optimizer.step()
 
     def state_dict(self) -> dict:

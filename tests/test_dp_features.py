@@ -64,3 +64,38 @@ def test_refusals() -> None:
     with pytest.raises(UnsupportedError, match="BatchNorm"):
         FeatureDP(nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4)), embedding_clip=1.0, gradient_clip=1.0,
                   noise_multiplier=1.0, noise=SeededNoise(0))
+
+
+def test_rows_a_party_does_not_hold_never_train_its_model_under_feature_dp() -> None:
+    """The release rule sees a zero gradient for rows outside the party's block (missing-block simulation), so
+    per-sample DP gradients of those rows are zero too; without noise the update equals plain backprop's."""
+    import numpy as np
+
+    from protocols.dp.plugin import FeatureDPRelease
+    from secvfl.messages import Message, decode, encode
+    from secvfl.parties import FeatureParty
+
+    class _Layer:
+        feature_released: dict = {}
+
+    def party(rule: bool) -> FeatureParty:
+        model = _bottom()
+        fp = FeatureParty("p", {"train": np.random.default_rng(0).normal(size=(8, 6))}, model,
+                          torch.optim.SGD(model.parameters(), lr=0.1), device=torch.device("cpu"),
+                          observed={"train": np.array([1, 1, 0, 0, 1, 0, 1, 1], dtype=bool)})
+        if rule:
+            fp.release_rule = FeatureDPRelease(FeatureDP(model, embedding_clip=1e6, gradient_clip=1e6,
+                                                         noise_multiplier=0.0, noise=SeededNoise(0)), _Layer())
+        return fp
+
+    ids = np.arange(8)
+    grad = torch.randn(8, 4)
+    updated = []
+    for rule in (False, True):
+        fp = party(rule)
+        out = fp.forward(0, "train", ids, "label").tensor("embedding")
+        assert torch.all(out[[2, 3, 5]] == 0)
+        fp.backward(decode(encode(Message("gradient", "label", "p", 0, {"gradient": grad}))))
+        updated.append([p.detach().clone() for p in fp.model.parameters()])
+    for a, b in zip(*updated, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -115,11 +115,11 @@ def test_feature_dp_runs_and_refuses_unaccounted_releases(tmp_path) -> None:
 
 
 def test_layer_refuses_feature_outputs_that_bypass_the_mechanism() -> None:
-    from secvfl.parties import FeatureParty
+    from secvfl.parties import PlainRelease
 
     run = build_run(_cfg(options={"privacy": "dp", "epsilon": 3.0, "dp_protect": "features"}))
     fp = run.algorithm.feature_parties[0]
-    fp.forward = FeatureParty.forward.__get__(fp)  # an algorithm that calls the undecorated forward
+    fp.release_rule = PlainRelease()  # something that sidesteps the mechanism
     with pytest.raises(ProtocolError, match="bypassed"):
         run.algorithm.train_epoch(0)
 

@@ -184,99 +184,37 @@ class DPLayer(Layer):
                 self.rule.posterior.load_state_dict(p)
 
 
-def _protect_feature_party(fp: Any, mech: FeatureDP, layer: DPLayer) -> None:
-    """Replace ``fp``'s forward/backward by their feature-DP versions (the code runs as that party)."""
-    from secvfl.parties import require_wire
+class FeatureDPRelease:
+    """Feature DP as a party's release rule (:class:`secvfl.parties.ReleaseRule`); the code runs as that party.
 
-    original_forward = fp.forward
-    pending: dict[str, torch.Tensor] = {}
+    Training rows leave clipped to ``C_e`` and noised; rows of other splits leave clipped (evaluation releases of
+    non-training rows are not accounted, so training rows may not be released outside training); the model's
+    gradients are per-sample clipped and noised (DP-SGD). A LASER-VFL party's heads train on the released rows, so
+    the gradients it sends its peers are post-processing and its heads need no noise of their own.
+    """
 
-    def forward(step: int, split: str, ids: np.ndarray, receiver: str, *, train: bool = True) -> Message:
+    def __init__(self, mech: FeatureDP, layer: DPLayer) -> None:
+        self.mech, self.layer = mech, layer
+
+    def release(self, party: str, step: int, split: str, out: torch.Tensor, *, train: bool) -> torch.Tensor:
         if split == "train" and not train:
             raise ProtocolError(
-                f"feature DP: {fp.name} refuses to release embeddings of training rows outside training "
+                f"feature DP: {party} refuses to release outputs for training rows outside training "
                 "(an unaccounted release); evaluate on val/test"
             )
-        msg = original_forward(step, split, ids, receiver, train=train)
-        out = msg.tensor(fp.output_kind)
-        if train:
-            pending["x"] = fp._x[split][torch.as_tensor(ids, device=fp.device)]
-            released = mech.release_embeddings(out)
-        else:
-            released = mech.clip(out)
-        layer.feature_released[fp.name] = step
-        return msg.replace(tensors={fp.output_kind: released})
+        released = self.mech.release_embeddings(out) if train else self.mech.clip(out)
+        self.layer.feature_released[party] = step
+        return released
 
-    def backward(message: Message) -> None:
-        require_wire(message)
-        if "x" not in pending:
-            raise ProtocolError(f"{fp.name} received a gradient without a pending forward pass")
-        grad = message.tensor("gradient").to(device=fp.device, dtype=fp.dtype)
-        x = pending.pop("x")
+    def model_gradients(
+        self, model: torch.nn.Module, x: torch.Tensor, out: torch.Tensor, grad: torch.Tensor
+    ) -> list[torch.Tensor | None]:
+        if model is not self.mech.bottom:
+            raise ProtocolError("feature DP: the release rule was installed on a different model than it protects")
         if grad.shape[0] != x.shape[0]:
-            raise ProtocolError(f"{fp.name}: gradient for {grad.shape[0]} rows, batch has {x.shape[0]}")
-        grads = mech.bottom_gradients(x, grad)
-        fp.optimizer.zero_grad(set_to_none=True)
-        mech.apply(grads)
-        fp._pending = None
-        fp.optimizer.step()
-
-    fp.forward = forward
-    fp.backward = backward
-
-
-def _protect_laser_party(party: Any, mech: FeatureDP, layer: DPLayer) -> None:
-    """Feature DP for a LASER-VFL party: noisy release of ``f_k(x)``, heads trained on that same noisy release (so
-    the gradients the party sends its peers are post-processing), DP-SGD on ``f_k``. ``g_k`` never leaves the party
-    and is trained only on released representations, so it needs no noise of its own."""
-    from secvfl.parties import require_wire
-
-    original_represent, original_train_heads = party.represent, party.train_heads
-    pending: dict[str, torch.Tensor] = {}
-
-    def represent(step: int, split: str, ids: np.ndarray, peers: Any, *, train: bool) -> list[Message]:
-        if split == "train" and not train:
-            raise ProtocolError(
-                f"feature DP: {party.name} refuses to release representations of training rows outside training "
-                "(an unaccounted release); evaluate on val/test"
-            )
-        msgs = original_represent(step, split, ids, peers, train=train)
-        if train:
-            pending["x"] = party._x[split][torch.as_tensor(ids, device=party.device)]
-            released = mech.release_embeddings(party._rep.detach())
-            pending["released"] = released
-        else:
-            released = mech.clip(party._eval_rep)
-            party._eval_rep = released  # its own predictions use what the peers see
-        layer.feature_released[party.name] = step
-        return [m.replace(tensors={"embedding": released}) for m in msgs]
-
-    def train_heads(step: int, ids: np.ndarray, observed: Any, names: Any, received: Any) -> Any:
-        rep = party._rep
-        party._rep = pending["released"]  # the heads see the party's own *released* representation
-        try:
-            return original_train_heads(step, ids, observed, names, received)
-        finally:
-            party._rep = rep
-
-    def apply_gradients(received: Any) -> None:
-        if party._rep is None or party._own_grad is None or "x" not in pending:
-            raise ProtocolError(f"{party.name} received gradients without a pending training step")
-        total = party._own_grad.clone()
-        for m in received:
-            g = require_wire(m).tensor("gradient").to(device=party.device, dtype=party.dtype)
-            if g.shape != total.shape:
-                raise ProtocolError(f"{party.name}: gradient of shape {tuple(g.shape)} from {m.sender}")
-            total = total + g
-        grads = mech.bottom_gradients(pending.pop("x"), total)
-        pending.pop("released", None)
-        f_grads = [grads[n] for n, p in party.f.named_parameters() if p.requires_grad]
-        party.optimizer.set_grads(0, [*f_grads, *party._g_grads])
-        party.optimizer.step()
-        party._g_grads = ()
-        party._rep = party._own_grad = None
-
-    party.represent, party.train_heads, party.apply_gradients = represent, train_heads, apply_gradients
+            raise ProtocolError(f"feature DP: gradient for {grad.shape[0]} rows, batch has {x.shape[0]}")
+        grads = self.mech.bottom_gradients(x, grad)
+        return [grads.get(n) for n, p in model.named_parameters() if p.requires_grad]
 
 
 class DPPlugin(ProtocolPlugin):
@@ -446,7 +384,7 @@ def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, c
                 noise_multiplier=plan.noise_multiplier, noise=noise.derive(f"feature-dp/{name}"),
             )
             layer.features[name] = mech
-            _protect_laser_party(laser[name], mech, layer)
+            laser[name].release_rule = FeatureDPRelease(mech, layer)
         return
     parties = {fp.name: fp for fp in getattr(algo, "feature_parties", []) if hasattr(fp, "model")}
     missing = [p for p in layer.protected if p not in parties]
@@ -462,7 +400,7 @@ def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, c
             noise_multiplier=plan.noise_multiplier, noise=noise.derive(f"feature-dp/{name}"),
         )
         layer.features[name] = mech
-        _protect_feature_party(fp, mech, layer)
+        fp.release_rule = FeatureDPRelease(mech, layer)
 
 
 PROTOCOLS.add("dp", DPPlugin())

@@ -55,7 +55,7 @@ from secvfl.data.pattern_sampler import PatternBatch
 from secvfl.errors import ConfigError, PartyIsolationError
 from secvfl.messages import Message
 from secvfl.models import MLP
-from secvfl.parties import probabilities, require_wire
+from secvfl.parties import PlainRelease, ReleaseRule, probabilities, require_wire
 from secvfl.transport.network import Network
 
 __all__ = ["LaserParty", "LaserVFL"]
@@ -104,7 +104,11 @@ class LaserParty:
         self.n_classes = n_classes
         self.loss_fn = per_sample_loss(n_classes)
         self._rng = np.random.default_rng([int(seed), _TASK_SALT, self.index])
+        # What leaves the party: f_k(x) as computed, unless a protocol (feature DP) installs another rule.
+        self.release_rule: ReleaseRule = PlainRelease()
         self._rep: torch.Tensor | None = None  # f_k(x) of the current training batch, with its graph
+        self._released: torch.Tensor | None = None  # what the peers received for it (the heads train on this)
+        self._batch_x: torch.Tensor | None = None
         self._own_grad: torch.Tensor | None = None
         self._peers: tuple[str, ...] = ()
         self._training: bool | None = None
@@ -131,13 +135,15 @@ class LaserParty:
         self._mode(train)
         if train:
             out = self.f(x)
-            self._rep, self._own_grad, self._peers, self._rows = out, None, tuple(peers), rows
+            released = self.release_rule.release(self.name, step, split, out.detach(), train=True)
+            self._rep, self._released, self._batch_x = out, released, x
+            self._own_grad, self._peers, self._rows = None, tuple(peers), rows
         else:
             with torch.no_grad():
                 out = self.f(x)
-            self._eval_rep = out
-        t = out.detach()
-        return [Message("embedding", self.name, p, step, {"embedding": t}) for p in peers]
+            released = self.release_rule.release(self.name, step, split, out, train=False)
+            self._eval_rep = released  # its own predictions use what the peers see
+        return [Message("embedding", self.name, p, step, {"embedding": released}) for p in peers]
 
     def _stack(self, own: torch.Tensor, observed: Sequence[int], names: Sequence[str],
                received: dict[str, Message]) -> torch.Tensor:
@@ -166,12 +172,12 @@ class LaserParty:
         if self._linear_head is not None:
             # One linear layer: closed-form gradients, no autograd graph (the common, cheapest case).
             with torch.no_grad():
-                reps = self._stack(self._rep.detach(), observed, names, received)
+                reps = self._stack(self._released, observed, names, received)
                 w, b = self._linear_head
                 loss, rep_grads, d_w, d_b = linear_head_task_grads(w, b, reps, matrix, table.weights, y)
             self._g_grads = (d_w, d_b) if b is not None else (d_w,)
         else:
-            reps = self._stack(self._rep.detach(), observed, names, received).requires_grad_(True)
+            reps = self._stack(self._released, observed, names, received).requires_grad_(True)
             loss, _ = weighted_task_loss(self.g, reps, matrix, table.weights.to(device=self.device), y, self.loss_fn)
             # autograd.grad instead of backward(): gradients are written, not accumulated, so no zero_grad pass.
             grads = torch.autograd.grad(loss, [reps, *self._g_params])
@@ -200,11 +206,12 @@ class LaserParty:
             raise PartyIsolationError(f"{self.name} expected gradients from {sorted(self._peers)}, "
                                       f"got {sorted(m.sender for m in received)}")
         total = torch.stack(parts).sum(dim=0) if len(parts) > 1 else parts[0]
-        f_grads = torch.autograd.grad(self._rep, self._f_params, total)
+        f_grads = self.release_rule.model_gradients(self.f, self._batch_x, self._rep, total)
+        f_grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self._f_params, f_grads, strict=True)]
         self.optimizer.set_grads(0, [*f_grads, *self._g_grads])
         self.optimizer.step()
         self._g_grads = ()
-        self._rep = self._own_grad = None
+        self._rep = self._released = self._batch_x = self._own_grad = None
 
     # -- inference --------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -14,7 +14,14 @@ import torch
 from torch import nn
 
 from protocols.base import AlgorithmTraits
-from secvfl.algorithms.base import LABEL_PARTY, Algorithm, ProgressFn, RunContext, batch_ids, feature_party_names
+from secvfl.algorithms.base import (
+    LABEL_PARTY,
+    Algorithm,
+    ProgressFn,
+    RunContext,
+    batch_ids,
+    feature_party_names,
+)
 from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
 from secvfl.models import MLP, make_bottom, output_dim

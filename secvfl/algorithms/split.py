@@ -20,7 +20,14 @@ import numpy as np
 import torch
 
 from protocols.base import AlgorithmTraits
-from secvfl.algorithms.base import LABEL_PARTY, Algorithm, ProgressFn, RunContext, batch_ids, feature_party_names
+from secvfl.algorithms.base import (
+    LABEL_PARTY,
+    Algorithm,
+    ProgressFn,
+    RunContext,
+    batch_ids,
+    feature_party_names,
+)
 from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
 from secvfl.models import ConcatHead, MeanHead, SumHead, make_bottom, output_dim

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["fix_threads", "machine", "timed", "peak_rss_mb"]
+__all__ = ["fix_threads", "machine", "timed", "timed_wall_cpu", "peak_rss_mb"]
 
 
 def fix_threads(n: int) -> int:
@@ -39,3 +39,14 @@ def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def timed_wall_cpu(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of ``fn()``.
+
+    With one intra-op thread the CPU time is the work done, whatever else shares the cores; wall time also counts
+    the time spent waiting for a core, which on a shared machine can dominate. Benchmarks report both.
+    """
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w0, time.process_time() - c0
