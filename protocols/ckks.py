@@ -49,8 +49,10 @@ refused before anything is encrypted.
 Encryption is randomised by design (SEAL draws from the OS), so decrypted sums are reproducible only up to the
 error bound, not bit for bit. TenSEAL holds the GIL while encrypting (measured: two threads are slower than one),
 so parties that share a process encrypt one after another unless ``workers > 0`` starts encryption processes
-(fresh interpreters holding only public contexts; floats in, ciphertext bytes out). Parties on their own hosts
-encrypt in parallel anyway.
+(fresh interpreters holding only public contexts; floats in, ciphertext bytes out). The training process keeps an
+equal share of the parties and encrypts it while the workers encrypt the rest: on 2 cores, ``workers=1`` keeps both
+busy. Parties on
+their own hosts encrypt in parallel anyway.
 
 Layers: ciphertexts travel as messages of kinds ``ckks-context``, ``ciphertext`` and ``ciphertext-sum``, so layers
 acting on the algorithm's float kinds (``embedding``, ``logits``) leave them alone and an outermost secure channel
@@ -477,7 +479,8 @@ class _EncryptionWorkers:
                            for _ in range(n)]
         except OSError as exc:
             raise ConfigError(f"cannot start CKKS encryption worker processes ({exc}); use workers=0") from None
-        self._assigned: dict[str, int] = {}
+        self._assigned: dict[str, int] = {}  # party -> worker index; len(procs) = the training process itself
+        self._dealt = 0  # parties dealt to workers so far
         self._finalizer = weakref.finalize(self, _stop, self._procs)
 
     def _request(self, worker: int, header: dict[str, Any], payload: bytes = b"") -> None:
@@ -497,22 +500,44 @@ class _EncryptionWorkers:
             raise ProtocolError(f"CKKS encryption worker {worker} failed: {header['error']}")
         return header, payload
 
-    def install(self, party: str, context: bytes) -> None:
-        worker = self._assigned.setdefault(party, len(self._assigned) % len(self._procs))
-        self._request(worker, {"op": "context", "party": party}, context)
-        self._reply(worker)
+    def install(self, party: str, context: bytes, *, local: bool = False) -> None:
+        """Give ``party``'s public context to a worker (round-robin), or keep the party in the training process
+        (``local``), which then encrypts that party's share while the workers encrypt theirs."""
+        if party in self._assigned:
+            return
+        if local:
+            self._assigned[party] = len(self._procs)
+            return
+        slot = self._dealt % len(self._procs)
+        self._dealt += 1
+        self._assigned[party] = slot
+        self._request(slot, {"op": "context", "party": party}, context)
+        self._reply(slot)
 
-    def encrypt(self, jobs: Sequence[tuple[str, np.ndarray]], slots: int) -> list[list[bytes]]:
-        """Serialised ciphertexts for each ``(party, float64 values)`` job, computed in parallel across workers."""
+    @staticmethod
+    def local_share(parties: int, workers: int) -> int:
+        """How many of ``parties`` the training process encrypts itself: an equal share with each worker (its other
+        work -- aggregating, decrypting, training -- cannot overlap this step's encryption anyway)."""
+        return parties // (workers + 1)
+
+    def serves(self, party: str) -> bool:
+        return self._assigned.get(party, len(self._procs)) < len(self._procs)
+
+    def submit(self, jobs: Sequence[tuple[str, np.ndarray]], slots: int) -> tuple[dict[int, list[int]], int]:
+        """Send each ``(party, float64 values)`` job to its worker; :meth:`collect` returns the ciphertexts."""
         by_worker: dict[int, list[int]] = {}
         for i, (party, _) in enumerate(jobs):
-            if party not in self._assigned:
+            if not self.serves(party):
                 raise ProtocolError(f"{party} has no CKKS context in an encryption worker")
             by_worker.setdefault(self._assigned[party], []).append(i)
         for worker, idx in by_worker.items():
             header = {"op": "encrypt", "slots": slots, "jobs": [[jobs[i][0], int(jobs[i][1].size)] for i in idx]}
             self._request(worker, header, b"".join(np.ascontiguousarray(jobs[i][1], dtype="<f8").tobytes() for i in idx))
-        out: list[list[bytes]] = [[] for _ in jobs]
+        return by_worker, len(jobs)
+
+    def collect(self, pending: tuple[dict[int, list[int]], int]) -> list[list[bytes]]:
+        by_worker, n = pending
+        out: list[list[bytes]] = [[] for _ in range(n)]
         replies, failure = {}, None
         for worker in by_worker:  # read every reply, even after a failure, so no stale frame stays in a pipe
             try:
@@ -525,10 +550,14 @@ class _EncryptionWorkers:
             header, payload = replies[worker]
             view, offset = memoryview(payload), 0
             for i, sizes in zip(idx, header["sizes"], strict=True):
-                for n in sizes:
-                    out[i].append(bytes(view[offset : offset + n]))
-                    offset += n
+                for size in sizes:
+                    out[i].append(bytes(view[offset : offset + size]))
+                    offset += size
         return out
+
+    def encrypt(self, jobs: Sequence[tuple[str, np.ndarray]], slots: int) -> list[list[bytes]]:
+        """Serialised ciphertexts for each ``(party, float64 values)`` job, computed in parallel across workers."""
+        return self.collect(self.submit(jobs, slots))
 
     def close(self) -> None:
         self._finalizer()
@@ -666,13 +695,16 @@ class CKKSAggregation(Aggregation):
         meta = {"params": self.params.to_dict()}
         net.send(*[Message(CONTEXT_KIND, label, p, step, blobs={"context": bare if p == aggregator else public}, meta=meta)
                    for p in missing])
+        encryptors = [p for p in missing if p != aggregator]
+        local = set(encryptors[len(encryptors) - _EncryptionWorkers.local_share(len(encryptors), self.workers):]) \
+            if self.workers > 0 else set()
         for p in missing:
             msg = net.receive(p, kind=CONTEXT_KIND, sender=label)
             self._install(p, msg, needs_public_key=p != aggregator)
             if p != aggregator and self.workers > 0:
                 if self._workers is None:
                     self._workers = _EncryptionWorkers(self.workers)
-                self._workers.install(p, bytes(msg.blobs["context"]))
+                self._workers.install(p, bytes(msg.blobs["context"]), local=p in local)
 
     def _install(self, party: str, msg: Message, needs_public_key: bool) -> None:
         """``party`` loads the context it received, after checking it is what it should be."""
@@ -736,12 +768,25 @@ class CKKSAggregation(Aggregation):
     def _encrypt_all(self, messages: Sequence[Message], to: str, parties: Sequence[str]) -> list[Message]:
         # Every party checks its values first, so a value out of range stops the round before any encryption.
         plain = [self._plaintext(m, parties) for m in messages]
-        if self._workers is None:
-            blobs = [encrypt_chunks(self.context_of(m.sender), _chunks(flat, self.params.slots))
-                     for m, (_, flat) in zip(messages, plain, strict=True)]
-        else:
-            blobs = self._workers.encrypt([(m.sender, flat) for m, (_, flat) in zip(messages, plain, strict=True)],
-                                          self.params.slots)
+        workers = self._workers
+        remote = [i for i, m in enumerate(messages) if workers is not None and workers.serves(m.sender)]
+        pending = workers.submit([(messages[i].sender, plain[i][1]) for i in remote], self.params.slots) \
+            if workers is not None and remote else None
+        blobs: list[list[bytes]] = [[] for _ in messages]
+        try:
+            for i, (m, (_, flat)) in enumerate(zip(messages, plain, strict=True)):  # while the workers encrypt theirs
+                if i not in remote:
+                    blobs[i] = encrypt_chunks(self.context_of(m.sender), _chunks(flat, self.params.slots))
+        except BaseException:
+            if pending is not None:  # drain the workers' replies, so no stale frame is read as the next answer
+                try:
+                    workers.collect(pending)  # type: ignore[union-attr]
+                except ProtocolError:
+                    pass
+            raise
+        if pending is not None:
+            for i, b in zip(remote, workers.collect(pending), strict=True):  # type: ignore[union-attr]
+                blobs[i] = b
         return [self._ciphertext_message(m, layout, b, to, parties)
                 for m, (layout, _), b in zip(messages, plain, blobs, strict=True)]
 
@@ -906,8 +951,9 @@ class CKKSPlugin(ProtocolPlugin):
         )
         parser.add_argument(
             "--ckks-workers", type=int, default=0, metavar="N",
-            help="processes that encrypt for the feature parties in parallel (TenSEAL holds the GIL, so threads "
-                 "cannot); 0 = in the training process. Each costs a Python start-up (a few seconds) once per run",
+            help="processes that encrypt for the feature parties in parallel with the training process (TenSEAL "
+                 "holds the GIL, so threads cannot); 0 = all in the training process; on 2 cores use 1. Each costs a "
+                 "Python start-up (a few seconds) once per run",
         )
         parser.add_argument(
             "--ckks-params", default="default", metavar="SPEC",

@@ -64,6 +64,9 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _DTYPE_NAMES = {v: k for k, v in WIRE_DTYPES.items()}
+_ITEMSIZE = {v: v.itemsize for v in WIRE_DTYPES.values()}
+# One encoder for every header (json.dumps with options builds a new encoder per call).
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def register_kind(kind: str) -> str:
@@ -141,7 +144,7 @@ def _header(message: Message) -> bytes:
         "blobs": blobs,
     }
     try:
-        return json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
+        return _HEADER_JSON.encode(head).encode()
     except (TypeError, ValueError) as exc:
         raise MessageError(f"meta of a {message.kind} message is not plain JSON data: {exc}") from None
 
@@ -176,7 +179,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     if len(data) < off + hlen:
         raise MessageError("message truncated inside its header")
     try:
-        head = json.loads(bytes(data[off : off + hlen]))
+        head = json.loads(str(data[off : off + hlen], "utf-8"))
         kind, sender, receiver = head["kind"], head["sender"], head["receiver"]
         step, meta, tspecs, bspecs = int(head["step"]), head["meta"], head["tensors"], head["blobs"]
     except (ValueError, KeyError, TypeError) as exc:
@@ -195,7 +198,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
         if any(s < 0 for s in shape):
             raise MessageError(f"negative dimension in tensor {name!r}: {shape}")
         numel = math.prod(shape)
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * _ITEMSIZE[dtype]
         if len(data) < off + nbytes:
             raise MessageError(f"message truncated inside tensor {name!r}")
         if numel == 0:

@@ -421,6 +421,9 @@ def test_worker_processes_encrypt_the_same_and_report_failures():
         exact = torch.stack(xs).mean(0)
         assert ((out - exact).abs() <= agg.params.error_bound(3) / 3 + 1e-12).all()
         assert agg.describe()["encryption_workers"] == 1
+        # 3 parties, 1 worker: the training process encrypts one party's share itself, the worker the other two.
+        served = [agg._workers.serves(p) for p in agg.topology.feature_parties]
+        assert sorted(served) == [False, True, True]
         with pytest.raises(ProtocolError, match="NaN"):  # checked in the party, before the worker is asked
             net.aggregate(embeddings([torch.tensor([math.nan])] * 3, 1), LABEL, "sum")
         agg._workers._procs[0].kill()
