@@ -145,7 +145,7 @@ def test_a_party_that_left_does_not_stop_the_others():
     after = algo.net.stats.bytes_by_link
     assert all(after[link] == before.get(link, 0) for link in after if "party2" in link)
     m = algo.score("test", mask)
-    assert m["accuracy"] > 0.9 and m["f1"] > 0.9
+    assert m["accuracy"] > 0.9 and m["f1_positive"] > 0.9
 
 
 def test_checkpoint_roundtrip_continues_identically():

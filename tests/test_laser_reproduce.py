@@ -19,10 +19,10 @@ from secvfl.experiments.laser import (
 )
 
 
-def fake_result(method, p_train, seed, f1_by_test):
+def fake_result(method, p_train, seed, f1_by_test, key="f1_positive"):
     names = ["local", "ensemble"] if method == "local" else [method]
     return {"method": method, "p_train": str(p_train), "seed": seed,
-            "scores": {n: {str(pe): {"f1": v / 100, "accuracy": 0.5} for pe, v in f1_by_test.items()} for n in names}}
+            "scores": {n: {str(pe): {key: v / 100, "accuracy": 0.5} for pe, v in f1_by_test.items()} for n in names}}
 
 
 def test_aggregate_table_and_acceptance():
@@ -31,7 +31,13 @@ def test_aggregate_table_and_acceptance():
         results.append(fake_result("laser", 0.5, seed, {0.0: 52 + jitter, 0.5: 46 + jitter}))
         results.append(fake_result("svfl", 0.5, seed, {0.0: 45 + jitter, 0.5: 31 + jitter}))
         results.append(fake_result("local", 0.5, seed, {0.0: 53 + jitter, 0.5: 40}))
-    table = aggregate(results, "f1", [0.5], [0.0, 0.5])
+    table = aggregate(results, "f1_positive", [0.5], [0.0, 0.5])
+    # run files from before the rename (key "f1") aggregate to the same table
+    legacy = [fake_result(r["method"], 0.5, r["seed"], {}, key="f1") for r in results]
+    for old, new in zip(legacy, results, strict=True):
+        old["scores"] = {n: {pe: {"f1": v["f1_positive"], "accuracy": 0.5} for pe, v in sc.items()}
+                         for n, sc in new["scores"].items()}
+    assert aggregate(legacy, "f1_positive", [0.5], [0.0, 0.5]) == table
     cell = table["laser"]["0.5"]["0.0"]
     assert cell["mean"] == pytest.approx(52.0) and cell["std"] == pytest.approx(1.0) and cell["n"] == 3
     md = markdown_table(table, [0.5], [0.0, 0.5], "F1")

@@ -243,7 +243,9 @@ class MissingAlgorithm(Algorithm):
         return out
 
     def score(self, split: str, mask: np.ndarray | None = None) -> dict[str, float]:
-        """The paper's metrics on ``split`` (accuracy; binary F1 of class 1 averaged over parties)."""
+        """The paper's metrics on ``split``: ``accuracy`` (mean over rows of the mean over observed parties of a
+        correct prediction) and, for binary labels, ``f1_positive`` (F1 of class 1 per party on the rows it observes,
+        averaged over parties). Named like the other algorithms' positive-class F1; their ``f1`` is macro F1."""
         mask = self.ctx.masks[split] if mask is None else np.asarray(mask, dtype=bool)
         if self.ctx.rows(split) == 0:
             return {}
@@ -251,7 +253,7 @@ class MissingAlgorithm(Algorithm):
         m = evaluate_predictions(preds, self._labels[split], mask, n_classes=self.n_classes)
         out = {"accuracy": m.accuracy}
         if m.f1 is not None:
-            out["f1"] = m.f1
+            out["f1_positive"] = m.f1
         out["unpredictable_rows"] = float(m.n_unpredictable)
         return out
 

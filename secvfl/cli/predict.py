@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "run": str(args.run), "algo": cfg.algo, "dataset": cfg.dataset, "split": args.split, "rows": n,
         "observed": observed, "absent": [k for k in range(K) if k not in observed],
-        "accuracy": metrics.accuracy, "f1": metrics.f1,
+        "accuracy": metrics.accuracy, "f1_positive": metrics.f1,
         "accuracy_per_party": {f"party{k}": metrics.accuracy_per_party[k] for k in observed},
         "prediction_bytes": built.net.stats.bytes_total - bytes_before,
     }
