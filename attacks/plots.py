@@ -20,6 +20,14 @@ def _pyplot():  # noqa: ANN202
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:  # noqa: ANN001 - pyplot module and figure
+    """Lay out, write at 120 dpi and close (figures are not kept open between plots)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _mean_roc(scores: Sequence[np.ndarray], truth: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Vertical average of the per-batch ROC curves (its area is the mean per-batch AUC)."""
     from sklearn.metrics import roc_curve
@@ -53,10 +61,7 @@ def plot_label_scores(path: Path, scores: Sequence[np.ndarray], truth: Sequence[
     b.set_xlabel("per-batch AUC")
     b.set_ylabel("batches")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_completion(path: Path, rows: Sequence[dict[str, Any]], title: str) -> Path:
@@ -83,10 +88,7 @@ def plot_completion(path: Path, rows: Sequence[dict[str, Any]], title: str) -> P
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_reconstruction(path: Path, details: dict[str, Any], title: str) -> Path:
@@ -108,10 +110,7 @@ def plot_reconstruction(path: Path, details: dict[str, Any], title: str) -> Path
     ax.set_ylabel("MSE, features scaled to [0, 1]")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_grid(path: Path, rows: Sequence[dict[str, Any]], attacks: Sequence[str], mp_name: str, title: str) -> Path:
@@ -135,7 +134,4 @@ def plot_grid(path: Path, rows: Sequence[dict[str, Any]], attacks: Sequence[str]
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)

@@ -28,7 +28,8 @@ from secvfl.messages import Message
 if TYPE_CHECKING:
     from secvfl.transport.network import Network
 
-__all__ = ["Role", "AlgorithmTraits", "Topology", "Layer", "Aggregation", "PlainAggregation", "check_stack"]
+__all__ = ["Role", "AlgorithmTraits", "Topology", "Layer", "Aggregation", "PlainAggregation", "check_stack",
+           "broadcast_refusal"]
 
 
 class Role(str, Enum):
@@ -42,11 +43,22 @@ class AlgorithmTraits:
     """What an algorithm sends, so layers can decide whether (and to what) they apply."""
 
     name: str
-    aggregation: str  # "concat" | "mean" | "sum" | "subset-mean" | "none"
+    # How the receivers combine the parties' outputs: "concat" | "mean" | "sum" | "subset-mean" (through the network's
+    # aggregation), "broadcast" (every receiver gets each party's output as its own message) or "none".
+    aggregation: str
     forward_kinds: tuple[str, ...] = ("embedding",)
     backward_kinds: tuple[str, ...] = ("gradient",)
     gradient_based: bool = True
     shares_labels: bool = False  # the label party sends labels to feature parties (e.g. `local`)
+    labels_at_every_party: bool = False  # every party holds the labels (LASER-VFL): no party to hide them from
+
+
+def broadcast_refusal(traits: AlgorithmTraits, flag: str) -> str:
+    """Why a secure aggregation (``flag``) cannot serve an algorithm that never aggregates through the network."""
+    return (
+        f"{traits.name} sends each party's output to its receivers individually and never sums them through the "
+        f"network, so {flag} would protect nothing; drop it (--secure-channel protects the messages in transit)"
+    )
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,8 @@ class Aggregation(ABC):
     """How the sum or mean of several parties' tensors reaches one receiver."""
 
     name: ClassVar[str] = "aggregation"
+    # Whether the receiver also learns each party's own tensors (plain: yes; secure aggregations: only the sum).
+    reveals_individual_outputs: ClassVar[bool] = False
 
     def check(self, traits: AlgorithmTraits) -> list[str]:
         return []
@@ -135,6 +149,7 @@ class PlainAggregation(Aggregation):
     """Every party sends its tensors to the receiver, which adds them up. No protection beyond the layers."""
 
     name: ClassVar[str] = "plain"
+    reveals_individual_outputs: ClassVar[bool] = True
     topology: Topology | None = field(default=None, repr=False)
 
     def aggregate(self, net: Network, messages: Sequence[Message], receiver: str, op: str) -> Message:

@@ -78,7 +78,7 @@ import numpy as np
 import tenseal as ts
 import torch
 
-from protocols.base import Aggregation, AlgorithmTraits, Role, Topology
+from protocols.base import Aggregation, AlgorithmTraits, Role, Topology, broadcast_refusal
 from protocols.plugins import ProtocolPlugin, ProtocolSetup
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import WIRE_DTYPES, Message, register_kind
@@ -480,7 +480,6 @@ class _EncryptionWorkers:
         except OSError as exc:
             raise ConfigError(f"cannot start CKKS encryption worker processes ({exc}); use workers=0") from None
         self._assigned: dict[str, int] = {}  # party -> worker index; len(procs) = the training process itself
-        self._dealt = 0  # parties dealt to workers so far
         self._finalizer = weakref.finalize(self, _stop, self._procs)
 
     def _request(self, worker: int, header: dict[str, Any], payload: bytes = b"") -> None:
@@ -500,25 +499,16 @@ class _EncryptionWorkers:
             raise ProtocolError(f"CKKS encryption worker {worker} failed: {header['error']}")
         return header, payload
 
-    def install(self, party: str, context: bytes, *, local: bool = False) -> None:
-        """Give ``party``'s public context to a worker (round-robin), or keep the party in the training process
-        (``local``), which then encrypts that party's share while the workers encrypt theirs."""
+    def install(self, party: str, context: bytes) -> None:
+        """Deal ``party`` round-robin over the workers and the training process itself (the last slot): the
+        process encrypts its parties while the workers encrypt theirs, an equal share each."""
         if party in self._assigned:
             return
-        if local:
-            self._assigned[party] = len(self._procs)
-            return
-        slot = self._dealt % len(self._procs)
-        self._dealt += 1
+        slot = len(self._assigned) % (len(self._procs) + 1)
         self._assigned[party] = slot
-        self._request(slot, {"op": "context", "party": party}, context)
-        self._reply(slot)
-
-    @staticmethod
-    def local_share(parties: int, workers: int) -> int:
-        """How many of ``parties`` the training process encrypts itself: an equal share with each worker (its other
-        work -- aggregating, decrypting, training -- cannot overlap this step's encryption anyway)."""
-        return parties // (workers + 1)
+        if slot < len(self._procs):
+            self._request(slot, {"op": "context", "party": party}, context)
+            self._reply(slot)
 
     def serves(self, party: str) -> bool:
         return self._assigned.get(party, len(self._procs)) < len(self._procs)
@@ -554,10 +544,6 @@ class _EncryptionWorkers:
                     out[i].append(bytes(view[offset : offset + size]))
                     offset += size
         return out
-
-    def encrypt(self, jobs: Sequence[tuple[str, np.ndarray]], slots: int) -> list[list[bytes]]:
-        """Serialised ciphertexts for each ``(party, float64 values)`` job, computed in parallel across workers."""
-        return self.collect(self.submit(jobs, slots))
 
     def close(self) -> None:
         self._finalizer()
@@ -597,6 +583,8 @@ class CKKSAggregation(Aggregation):
     def check(self, traits: AlgorithmTraits) -> list[str]:
         if traits.aggregation in _VALID_AGGREGATIONS:
             return []
+        if traits.aggregation == "broadcast":
+            return [broadcast_refusal(traits, "--he ckks")]
         if traits.aggregation == "concat":
             return [
                 f"CKKS needs sum or mean aggregation; algorithm {traits.name!r} concatenates embeddings — use vafl "
@@ -695,16 +683,13 @@ class CKKSAggregation(Aggregation):
         meta = {"params": self.params.to_dict()}
         net.send(*[Message(CONTEXT_KIND, label, p, step, blobs={"context": bare if p == aggregator else public}, meta=meta)
                    for p in missing])
-        encryptors = [p for p in missing if p != aggregator]
-        local = set(encryptors[len(encryptors) - _EncryptionWorkers.local_share(len(encryptors), self.workers):]) \
-            if self.workers > 0 else set()
         for p in missing:
             msg = net.receive(p, kind=CONTEXT_KIND, sender=label)
             self._install(p, msg, needs_public_key=p != aggregator)
             if p != aggregator and self.workers > 0:
                 if self._workers is None:
                     self._workers = _EncryptionWorkers(self.workers)
-                self._workers.install(p, bytes(msg.blobs["context"]), local=p in local)
+                self._workers.install(p, bytes(msg.blobs["context"]))
 
     def _install(self, party: str, msg: Message, needs_public_key: bool) -> None:
         """``party`` loads the context it received, after checking it is what it should be."""

@@ -61,7 +61,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from protocols.base import Aggregation, AlgorithmTraits, Role, Topology
+from protocols.base import Aggregation, AlgorithmTraits, Role, Topology, broadcast_refusal
 from secvfl.errors import MessageError, ProtocolError, UnsupportedError
 from secvfl.messages import Message, register_kind
 
@@ -232,6 +232,8 @@ class MaskedAggregation(Aggregation):
 
     # -- contract ------------------------------------------------------------------------------------------
     def check(self, traits: AlgorithmTraits) -> list[str]:
+        if traits.aggregation == "broadcast":
+            return [broadcast_refusal(traits, "--secagg mask")]
         if traits.aggregation not in _VALID_AGGREGATIONS:
             return [
                 f"masked aggregation only delivers sums or means of the parties' outputs, but {traits.name!r} "

@@ -89,15 +89,21 @@ def test_residual_noise_equals_multiplier_times_sensitivity(loss: str, k: int, s
     assert abs(float(added.mean())) < 4 * sigma * sensitivity / added.numel() ** 0.5
 
 
-@pytest.mark.parametrize("loss, k", [("bce", 1), ("ce", 4)])
-def test_residual_mode_neighbours_differ_only_in_the_canary_residual(loss: str, k: int) -> None:
-    """Everything released is computed from the noisy residuals; one label moves one residual by <= Delta."""
+def _neighbouring_batches(k: int) -> tuple[ConcatHead, int, list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A head with ``k`` outputs and a batch of 32 under two label vectors that differ only at row 7 (the canary)."""
     torch.manual_seed(4)
     head = ConcatHead(8, k, hidden=6)
     b = 32
     xs, y = _batch(b=b, k=max(k, 2))
     y2 = y.clone()
     y2[7] = (y[7] + 1) % max(k, 2)
+    return head, b, xs, y, y2
+
+
+@pytest.mark.parametrize("loss, k", [("bce", 1), ("ce", 4)])
+def test_residual_mode_neighbours_differ_only_in_the_canary_residual(loss: str, k: int) -> None:
+    """Everything released is computed from the noisy residuals; one label moves one residual by <= Delta."""
+    head, b, xs, y, y2 = _neighbouring_batches(k)
     runs = []
     for labels in (y, y2):
         mech = LabelDPBackward(head, loss=loss, clip_norm=0.3, noise_multiplier=2.0, noise=SeededNoise(9))
@@ -136,12 +142,7 @@ def test_noise_added_equals_multiplier_times_joint_sensitivity() -> None:
 @pytest.mark.parametrize("loss, k", [("bce", 1), ("ce", 4)])
 def test_changing_one_label_changes_the_transcript_only_within_the_sensitivity(loss: str, k: int) -> None:
     """Jacobian mode, same noise seed: only the canary's row and the head sum move, by <= Delta jointly."""
-    torch.manual_seed(4)
-    head = ConcatHead(8, k, hidden=6)
-    b = 32
-    xs, y = _batch(b=b, k=max(k, 2))
-    y2 = y.clone()
-    y2[7] = (y[7] + 1) % max(k, 2)
+    head, b, xs, y, y2 = _neighbouring_batches(k)
     clip = 0.3
     runs = []
     for labels in (y, y2):

@@ -246,22 +246,14 @@ def test_local_and_ensemble_predict_from_own_blocks():
     assert local.score("test", mask)["accuracy"] > 0.9 and ens.score("test", mask)["accuracy"] > 0.9
 
 
-def test_a_secure_aggregation_is_refused_because_it_would_protect_nothing():
-    from protocols.base import Aggregation
+@pytest.mark.parametrize("options", [{"he": "ckks"}, {"secagg": "mask"}])
+def test_a_secure_aggregation_is_refused_because_it_would_protect_nothing(options):
+    """LASER-VFL never sums through the network (traits: broadcast), so the secure aggregations refuse it."""
+    from secvfl.runner import build_run
 
-    class SumOnly(Aggregation):
-        name = "test-sum"
-
-        def aggregate(self, net, messages, receiver, op):  # noqa: ANN001, ANN201
-            raise AssertionError("never called")
-
-    data = synthetic(K=3)
-    cfg = TrainConfig(algo="laser", parties=3, val_fraction=0.0)
-    masks = {s: np.ones((len(getattr(data, f"y_{s}")), 3), dtype=bool) for s in ("train", "val", "test")}
-    ctx = RunContext(cfg, data, make_partition(data.n_features, 3), masks, torch.device("cpu"), torch.float32)
-    net = Network(LaserVFL.party_roles(3), aggregation=SumOnly())
+    cfg = TrainConfig(algo="laser", dataset="breast_cancer", parties=3, epochs=1, options=options)
     with pytest.raises(UnsupportedError, match="would protect nothing"):
-        LaserVFL(ctx, net)
+        build_run(cfg)
 
 
 def test_combinatorial_batched_models_equal_one_model_at_a_time():

@@ -115,7 +115,7 @@ class DPLayer(Layer):
         if self.plan.protects == "labels":
             if traits.shares_labels:
                 problems.append(f"{traits.name} sends the labels to the feature parties, so label DP cannot protect them")
-            elif traits.aggregation == "subset-mean":
+            elif traits.labels_at_every_party:
                 problems.append(
                     f"every {traits.name} party holds the labels, so there is no party to protect them from; "
                     "use --dp-protect features, or splitnn/vafl/fdml"

@@ -252,7 +252,9 @@ class LaserVFL(MissingAlgorithm):
     """LASER-VFL: trains on every batch with at least one observed party; any observed set can predict."""
 
     name = "laser"
-    traits = AlgorithmTraits("laser", "subset-mean", forward_kinds=("embedding",), backward_kinds=("gradient",))
+    # Each party averages its own subsets of the representations it receives: nothing goes through an aggregate.
+    traits = AlgorithmTraits("laser", "broadcast", forward_kinds=("embedding",), backward_kinds=("gradient",),
+                             labels_at_every_party=True)
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from protocols.base import PlainAggregation, Role
+from protocols.base import Role
 from secvfl.algorithms.base import Algorithm, ProgressFn, RunContext, feature_party_names
 from secvfl.algorithms.missing_eval import evaluate_predictions
 from secvfl.data.pattern_sampler import PatternBatch, PatternBatchSampler, observed_parties, pattern_codes
-from secvfl.errors import ConfigError, UnsupportedError
+from secvfl.errors import ConfigError
 from secvfl.models import MLP, make_bottom, output_dim
 from secvfl.transport.network import Network
 
@@ -167,14 +167,6 @@ class MissingAlgorithm(Algorithm):
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
-        if not isinstance(net.aggregation, PlainAggregation):
-            # These algorithms never ask the network for a sum: every receiver gets each party's tensor (LASER:
-            # every party averages its own subsets). A secure aggregation would silently protect nothing.
-            raise UnsupportedError(
-                f"{self.name} sends each party's representation to its receivers individually and never sums "
-                f"them through the network, so --secagg/--he ({net.aggregation.name}) would protect nothing; drop "
-                "it (--secure-channel protects the messages in transit)"
-            )
         self.K = ctx.partition.n_blocks
         self.names = feature_party_names(self.K)
         self.n_classes = ctx.data.n_classes

@@ -59,7 +59,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from protocols.base import AlgorithmTraits, Layer, PlainAggregation, Role
+from protocols.base import AlgorithmTraits, Layer, Role
 from secvfl.errors import ConfigError, DataError, UnsupportedError
 from secvfl.messages import Message
 from secvfl.registry import Registry
@@ -468,7 +468,7 @@ class LinearFederation:
     @property
     def individual_messages(self) -> bool:
         """Whether the label party receives each ``A_k x_k`` (plain aggregation) or only their sum."""
-        return isinstance(self.net.aggregation, PlainAggregation)
+        return self.net.aggregation.reveals_individual_outputs
 
     def reset(self) -> None:
         for p in self.features:
@@ -649,7 +649,7 @@ class LinearAlgorithm(ABC):
                 "partial participation reuses each absent party's last A_k x_k, which the label party only "
                 f"has with the plain aggregation, not {self.fed.net.aggregation.name}"
             )
-        if self.fed.individual_messages:
+        if reuse_absent:  # the label party keeps each party's latest A_k x_k, so it needs them one by one
             for m in msgs:
                 net.send(m)
             for name in outputs:
