@@ -32,7 +32,7 @@ __all__ = ["Role", "AlgorithmTraits", "Topology", "Layer", "Aggregation", "Plain
            "broadcast_refusal"]
 
 
-class Role(str, Enum):
+class Role(str, Enum):  # noqa: UP042 - StrEnum would change str(role) in logs and saved configs
     LABEL = "label"  # holds labels and the head; computes the loss
     FEATURE = "feature"  # holds a feature block and a bottom model
     AGGREGATOR = "aggregator"  # holds no data and no secret key; adds what it is given (CKKS, masking)
@@ -82,8 +82,9 @@ class Topology:
         return self.parties(Role.FEATURE)
 
 
-class Layer(ABC):
-    """One protocol layer. Subclasses override what they need; the defaults pass messages through unchanged."""
+class Layer:
+    """One protocol layer. Subclasses override what they need; the defaults pass messages through unchanged (so
+    nothing here is abstract: a layer that only observes, or only keeps state, is complete)."""
 
     name: ClassVar[str] = "layer"
 
