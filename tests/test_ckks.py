@@ -545,3 +545,15 @@ def test_epoch_bench_runs_every_variant_round_robin_and_compares_the_best():
     best = min(out["plain"]["wall_s"], out["plain_threads"]["wall_s"])
     assert out[PARALLEL_CKKS]["wall_ratio_vs_best_plain"] == round(out[PARALLEL_CKKS]["wall_s"] / best, 2)
     assert out["ckks"]["bytes_total"] > 3 * out["plain"]["bytes_total"]  # ciphertexts are 4x the floats
+
+
+def test_parameters_whose_first_prime_is_too_small_send_two_primes():
+    params = CKKSParams.parse("8192:50,40,40,60:35")  # 50 - 35 bits would carry sums only up to 2^13
+    assert params.wire_primes == 2 and params.max_abs_sum == 2.0**53
+    agg = CKKSAggregation(params)
+    net = Network(roles(2), aggregation=agg)
+    xs = [torch.full((64, 64), 3000.0, dtype=torch.float64), torch.full((64, 64), 5000.0, dtype=torch.float64)]
+    out = net.aggregate(embeddings(xs, 0), LABEL, "sum").tensor("embedding")
+    assert ((out - 8000.0).abs() <= params.error_bound(2)).all()
+    sent = agg.encrypt_message(embeddings(xs, 1)[0], AGG, ["p0", "p1"])
+    assert len(sent.blobs) == 1 and agg.cipher_of(AGG).load(sent.blobs["c0"]).coeff_modulus_size() == 2
