@@ -920,27 +920,49 @@ def secure_aggregation_name(options: Mapping[str, Any]) -> str:
     return "plain"
 
 
-def tag_rows(algo: Any, layer: CompressionLayer, *, backward_rows: bool = True) -> bool:
-    """Make a split-style algorithm mark its evaluation outputs and name the rows of its per-batch gradients.
+class _RowTagger:
+    """The compression layer's :class:`~secvfl.parties.MessageTagger`: marks evaluation outputs (``meta["eval"]``)
+    and, when installed on the label party, names the rows of its gradients (``meta["rows"]``) so per-row error
+    feedback can key its memory. Training batches are described as a slice of the public shared-seed batch order
+    (``batch_ids(train_rows, batch_size, seed, epoch)``, which every party computes), so no ids travel; anything
+    else as explicit, counted ids."""
 
-    Wraps each feature party's ``forward(step, split, ids, ...)`` (evaluation outputs get ``meta["eval"]``) and,
-    with ``backward_rows``, the label party's ``train_step(step, ids, ...)`` (its gradient messages get
-    ``meta["rows"]``, so per-row error feedback can key its memory); the code runs as those parties, which know the
-    ids already. Training batches are described as a slice
-    of the public shared-seed batch order (``batch_ids(train_rows, batch_size, seed, epoch)``, which every party
-    computes), so no ids travel; contiguous evaluation batches as a range; anything else as explicit, counted ids.
-    Returns False when the algorithm has no such parties.
-    """
+    def __init__(self, algo: Any, layer: CompressionLayer, *, rows: bool) -> None:
+        self.algo, self.layer, self.rows = algo, layer, rows
+        self._position: tuple[int, dict[int, int], np.ndarray] | None = None  # epoch, row -> offset, order
+
+    def tag(self, message: Message, split: str, ids: Any, *, train: bool) -> Message:
+        if not train:  # forward outputs keep no memory (CompressionLayer._mode), so only evaluation needs marking
+            return message.replace(meta={**message.meta, "eval": True})
+        if not self.rows or message.kind != "gradient":
+            return message
+        return message.replace(meta={**message.meta, "rows": self.describe(split, ids)})
+
+    def describe(self, split: str, ids: Any) -> Any:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        epoch = getattr(self.algo, "current_epoch", None)
+        if split == "train" and epoch is not None and len(ids) and "train" in self.layer.schedules:
+            if self._position is None or self._position[0] != epoch:
+                order = self.layer._scheduled("train", epoch)
+                self._position = (epoch, {int(r): i for i, r in enumerate(order)}, order)
+            _, pos, order = self._position
+            off = pos.get(int(ids[0]))
+            if off is not None and np.array_equal(order[off : off + len(ids)], ids):
+                return {"s": "train", "sched": [epoch, off, len(ids)]}
+        return [split, *ids.tolist()]
+
+
+def tag_rows(algo: Any, layer: CompressionLayer, *, backward_rows: bool = True) -> bool:
+    """Install the compression layer's tagger on a split-style algorithm's parties (their public ``tagger`` hook):
+    evaluation outputs get marked and, with ``backward_rows``, the label party's gradient messages name their rows.
+    Training batches are named by position in the shared-seed batch order when the algorithm publishes
+    ``current_epoch`` and ``train_rows()``. Returns False when the algorithm has no such parties."""
     fps = getattr(algo, "feature_parties", None)
     lp = getattr(algo, "label_party", None)
-    if not fps or lp is None or not all(callable(getattr(fp, "forward", None)) for fp in fps):
-        return False
-    if not callable(getattr(lp, "train_step", None)):
+    if not fps or lp is None or not all(hasattr(p, "tagger") for p in [*fps, lp]):
         return False
     cfg = getattr(algo, "cfg", None)
-    scheduled = cfg is not None and callable(getattr(algo, "train_rows", None)) and callable(getattr(algo, "train_epoch", None))
-    state: dict[str, Any] = {"epoch": None, "pos": None}
-    if scheduled:
+    if cfg is not None and hasattr(algo, "current_epoch") and callable(getattr(algo, "train_rows", None)):
         from secvfl.algorithms.base import batch_ids
 
         def order(epoch: int) -> np.ndarray:
@@ -948,52 +970,9 @@ def tag_rows(algo: Any, layer: CompressionLayer, *, backward_rows: bool = True) 
             return np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
 
         layer.schedules["train"] = order
-        original_epoch = algo.train_epoch
-
-        def train_epoch(epoch: int, *args: Any, **kw: Any) -> Any:
-            state["epoch"] = epoch
-            try:
-                return original_epoch(epoch, *args, **kw)
-            finally:
-                state["epoch"] = None
-
-        algo.train_epoch = train_epoch
-
-    def describe(split: str, ids: Any, train: bool) -> Any:
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        ep = state["epoch"]
-        if scheduled and train and split == "train" and ep is not None and len(ids):
-            if state["pos"] is None or state["pos"][0] != ep:
-                o = layer._scheduled("train", ep)
-                state["pos"] = (ep, {int(r): i for i, r in enumerate(o)}, o)
-            _, pos, o = state["pos"]
-            off = pos.get(int(ids[0]))
-            if off is not None and np.array_equal(o[off : off + len(ids)], ids):
-                return {"s": "train", "sched": [ep, off, len(ids)]}
-        return [split, *ids.tolist()]
-
-    def wrap_forward(fp: Any) -> None:
-        original = fp.forward
-
-        def forward(step: int, split: str, ids: Any, receiver: str, **kw: Any) -> Message:
-            msg = original(step, split, ids, receiver, **kw)
-            # forward outputs keep no memory (CompressionLayer._mode), so only evaluation needs marking
-            return msg if kw.get("train", True) else msg.replace(meta={**msg.meta, "eval": True})
-
-        fp.forward = forward
-
     for fp in fps:
-        wrap_forward(fp)
-    if not backward_rows:
-        return True
-    original_step = lp.train_step
-
-    def train_step(step: int, ids: Any, *args: Any, **kw: Any) -> tuple[float, list[Message]]:
-        loss, msgs = original_step(step, ids, *args, **kw)
-        rows = describe("train", ids, True)
-        return loss, [m.replace(meta={**m.meta, "rows": rows}) for m in msgs]
-
-    lp.train_step = train_step
+        fp.tagger = _RowTagger(algo, layer, rows=False)
+    lp.tagger = _RowTagger(algo, layer, rows=backward_rows)
     return True
 
 

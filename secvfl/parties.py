@@ -121,6 +121,21 @@ class PlainRelease:
         return list(torch.autograd.grad(out, params, grad, allow_unused=True))
 
 
+class MessageTagger(Protocol):
+    """Adds public facts about a batch to the meta of a message a party sends: which rows it covers, whether it is
+    an evaluation output. Protocol layers that keep per-row state (compression with error feedback) install one on
+    the parties. The party knows these facts already; a tagger describes, it never changes the tensors."""
+
+    def tag(self, message: Message, split: str, ids: np.ndarray, *, train: bool) -> Message: ...
+
+
+class NoTags:
+    """Send messages as built."""
+
+    def tag(self, message: Message, split: str, ids: np.ndarray, *, train: bool) -> Message:
+        return message
+
+
 class _Party:
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype) -> None:
         self.name = name
@@ -157,6 +172,7 @@ class FeatureParty(_Party):
         self.optimizer = optimizer
         self.output_kind = output_kind
         self.release_rule: ReleaseRule = PlainRelease()
+        self.tagger: MessageTagger = NoTags()
         self._pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     def rows(self, split: str) -> int:
@@ -175,7 +191,8 @@ class FeatureParty(_Party):
         if train:
             held = self._observed[split][idx] if split in self._observed else None
             self._pending = (x, out, held)
-        return Message(self.output_kind, self.name, receiver, step, {self.output_kind: released})
+        message = Message(self.output_kind, self.name, receiver, step, {self.output_kind: released})
+        return self.tagger.tag(message, split, ids, train=train)
 
     def backward(self, message: Message) -> None:
         """Apply the received gradient w.r.t. the last training output and take an optimiser step."""
@@ -232,6 +249,7 @@ class LabelParty(_Party):
         self.loss_fn = task_loss(n_classes)
         self.input_kind = input_kind
         self.backward_rule: BackwardRule = standard_backward
+        self.tagger: MessageTagger = NoTags()
 
     def labels(self, split: str, ids: np.ndarray | None = None) -> torch.Tensor:
         """The label party's own labels (used for its own loss and evaluation, never sent unless an algorithm says so)."""
@@ -275,7 +293,8 @@ class LabelParty(_Party):
         else:
             grads = [x.grad for x in xs]
         msgs = [
-            Message("gradient", self.name, s, step, {"gradient": g.detach()}) for s, g in zip(senders, grads, strict=True)
+            self.tagger.tag(Message("gradient", self.name, s, step, {"gradient": g.detach()}), "train", ids, train=True)
+            for s, g in zip(senders, grads, strict=True)
         ]
         return loss, msgs
 

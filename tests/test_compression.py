@@ -446,3 +446,28 @@ def test_splitnn_with_topk_ef_sends_far_fewer_bytes():
 def test_train_refuses_forward_compression_with_he():
     with pytest.raises(UnsupportedError, match="cannot be combined"):
         _train({"compress": "topk:0.1", "he": "ckks"}, algo="fdml")
+
+
+def test_training_gradients_name_their_rows_by_position_in_the_public_batch_order():
+    """The compression layer tags through the parties' public ``tagger`` hook: during an epoch a gradient names its
+    batch as (epoch, offset, length) in the shared-seed order; outside one, or for other rows, it lists the ids;
+    evaluation outputs are marked."""
+    from secvfl.algorithms.base import batch_ids
+    from secvfl.config import TrainConfig
+    from secvfl.runner import build_run
+
+    cfg = TrainConfig(algo="splitnn", dataset="digits", parties=2, epochs=1, batch_size=64,
+                      options={"compress": "topk:0.1+ef"})
+    algo = build_run(cfg).algorithm
+    tagger = algo.label_party.tagger
+    batches = list(batch_ids(algo.train_rows(), cfg.batch_size, cfg.seed, 3))
+    grad = Message("gradient", "label", "party0", 0, {"gradient": torch.zeros(len(batches[1]), 16)})
+    algo.current_epoch = 3
+    assert tagger.tag(grad, "train", batches[1], train=True).meta["rows"] == {"s": "train", "sched": [3, 64, 64]}
+    assert tagger.tag(grad, "train", batches[1][::-1], train=True).meta["rows"][0] == "train"  # not a slice: listed
+    algo.current_epoch = None
+    assert tagger.tag(grad, "train", batches[1], train=True).meta["rows"] == ["train", *batches[1].tolist()]
+    out = algo.feature_parties[0].forward(0, "test", np.arange(5), "label", train=False)
+    assert out.meta["eval"] is True and "rows" not in out.meta
+    algo.train_epoch(0)
+    assert algo.current_epoch is None  # only set while an epoch trains

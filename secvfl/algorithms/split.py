@@ -64,6 +64,9 @@ class _SplitBase(Algorithm):
             data.n_classes, device=ctx.device, dtype=ctx.dtype, input_kind=self.output_kind,
         )
         self.names = [fp.name for fp in self.feature_parties]
+        # The epoch being trained (None outside train_epoch): with the shared-seed batch order it names a training
+        # batch's rows publicly, e.g. for compression's per-row error feedback.
+        self.current_epoch: int | None = None
 
     def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
         raise NotImplementedError
@@ -99,6 +102,13 @@ class _SplitBase(Algorithm):
 
     # -- training and evaluation -----------------------------------------------------------------------------
     def train_epoch(self, epoch: int, progress: ProgressFn | None = None) -> dict[str, float]:
+        self.current_epoch = epoch
+        try:
+            return self._train_epoch(epoch, progress)
+        finally:
+            self.current_epoch = None
+
+    def _train_epoch(self, epoch: int, progress: ProgressFn | None) -> dict[str, float]:
         losses = []
         for ids in batch_ids(self.train_rows(), self.cfg.batch_size, self.cfg.seed, epoch):
             received = self._deliver(self._forward_all("train", ids, train=True))
