@@ -457,7 +457,7 @@ class _EncryptionWorkers:
     def serves(self, party: str) -> bool:
         return self._assigned.get(party, len(self._procs)) < len(self._procs)
 
-    def submit(self, jobs: Sequence[tuple[str, np.ndarray]], chunk: int) -> tuple[dict[int, list[int]], int]:
+    def submit(self, jobs: Sequence[tuple[str, np.ndarray]]) -> tuple[dict[int, list[int]], int]:
         """Send each ``(party, float64 values)`` job to its worker; :meth:`collect` returns the ciphertexts."""
         by_worker: dict[int, list[int]] = {}
         for i, (party, _) in enumerate(jobs):
@@ -465,7 +465,7 @@ class _EncryptionWorkers:
                 raise ProtocolError(f"{party} has no CKKS context in an encryption worker")
             by_worker.setdefault(self._assigned[party], []).append(i)
         for worker, idx in by_worker.items():
-            header = {"op": "encrypt", "chunk": chunk, "jobs": [[jobs[i][0], int(jobs[i][1].size)] for i in idx]}
+            header = {"op": "encrypt", "jobs": [[jobs[i][0], int(jobs[i][1].size)] for i in idx]}
             self._request(worker, header, b"".join(np.ascontiguousarray(jobs[i][1], dtype="<f8").tobytes() for i in idx))
         return by_worker, len(jobs)
 
@@ -701,7 +701,7 @@ class CKKSAggregation(Aggregation):
         """The feature party ``message.sender`` encrypts its tensors for a sum over ``parties`` (sent to ``to``)."""
         cipher = self.cipher_of(message.sender)
         layout, flat = self._plaintext(message, parties)
-        blobs = cipher.encrypt_chunks(_chunks(flat, self.params.floats_per_ciphertext))
+        blobs = cipher.encrypt_values(flat)
         return self._ciphertext_message(message, layout, blobs, to, parties)
 
     def _encrypt_all(self, messages: Sequence[Message], to: str, parties: Sequence[str]) -> list[Message]:
@@ -709,13 +709,13 @@ class CKKSAggregation(Aggregation):
         plain = [self._plaintext(m, parties) for m in messages]
         workers = self._workers
         remote = [i for i, m in enumerate(messages) if workers is not None and workers.serves(m.sender)]
-        pending = workers.submit([(messages[i].sender, plain[i][1]) for i in remote], self.params.floats_per_ciphertext) \
+        pending = workers.submit([(messages[i].sender, plain[i][1]) for i in remote]) \
             if workers is not None and remote else None
         blobs: list[list[bytes]] = [[] for _ in messages]
         try:
             for i, (m, (_, flat)) in enumerate(zip(messages, plain, strict=True)):  # while the workers encrypt theirs
                 if i not in remote:
-                    blobs[i] = self.cipher_of(m.sender).encrypt_chunks(_chunks(flat, self.params.floats_per_ciphertext))
+                    blobs[i] = self.cipher_of(m.sender).encrypt_values(flat)
         except BaseException:
             if pending is not None:  # drain the workers' replies, so no stale frame is read as the next answer
                 try:

@@ -121,9 +121,10 @@ class CKKSCipher:
         self._encryptor.encrypt(plain, out)
         return out
 
-    def encrypt_chunks(self, chunks: Sequence[np.ndarray]) -> list[bytes]:
-        """Encrypt each chunk into one ciphertext and serialise it."""
-        return [self.dump(self.encrypt(chunk)) for chunk in chunks]
+    def encrypt_values(self, flat: np.ndarray) -> list[bytes]:
+        """Cut ``flat`` into as few ciphertexts as possible (``2 * slots`` floats each), encrypt and serialise them."""
+        size = 2 * self.slots
+        return [self.dump(self.encrypt(flat[start : start + size])) for start in range(0, flat.size, size)]
 
     # -- reading, adding, writing (parameters only) ------------------------------------------------------------
     @staticmethod

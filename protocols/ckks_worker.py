@@ -20,10 +20,6 @@ from protocols.ckks_cipher import CKKSCipher
 __all__ = ["main", "read_frame", "write_frame"]
 
 
-def _slices(flat: np.ndarray, size: int) -> list[np.ndarray]:
-    return [flat[start : start + size] for start in range(0, flat.size, size)]
-
-
 _FRAME = struct.Struct("<II")  # header length, payload length
 
 
@@ -72,7 +68,7 @@ def main() -> None:
                 values = np.frombuffer(payload, dtype="<f8")
                 sizes, blobs, offset = [], [], 0
                 for party, n in header["jobs"]:
-                    out = ciphers[party].encrypt_chunks(_slices(values[offset : offset + n], header["chunk"]))
+                    out = ciphers[party].encrypt_values(values[offset : offset + n])
                     offset += n
                     sizes.append([len(b) for b in out])
                     blobs += out

@@ -97,7 +97,7 @@ def ckks_components(params: CKKSParams, xs: list[torch.Tensor], steps: int) -> d
     senders = [f"party{i}" for i in range(k)]
     net.aggregate(_messages(xs, 0), LABEL, "sum")  # key generation and context hand-out, not per step
     public = agg.context_of(senders[0])
-    bare_wire = _bare_wire_encrypt(public, params)
+    bare_wire = _bare_wire_encrypt(public, agg.cipher_of(senders[0]).parms_id, params)
     # What the baselines are handed, prepared outside the timing: lists of 4096 floats for TenSEAL's real vectors,
     # lists of complex pairs for the bare wire-level encryption.
     baseline_chunks = [[c.tolist() for c in pack({"embedding": x}, params.slots)] for x in xs]
@@ -171,15 +171,13 @@ def ckks_components(params: CKKSParams, xs: list[torch.Tensor], steps: int) -> d
     }
 
 
-def _bare_wire_encrypt(public: ts.Context, params: CKKSParams) -> Callable[[list[complex]], Any]:
-    """SEAL's encode + encrypt at the level with ``params.wire_primes`` primes, straight through ``sealapi``."""
+def _bare_wire_encrypt(public: ts.Context, parms_id: Any, params: CKKSParams) -> Callable[[list[complex]], Any]:
+    """SEAL's encode + encrypt at the wire level ``parms_id``, straight through ``sealapi`` (no packing, checks or
+    serialisation: the baseline for what our plumbing adds)."""
     from tenseal import sealapi
 
     seal = public.seal_context().data
-    level = seal.first_context_data()
-    for _ in range(len(params.coeff_mod_bit_sizes) - 1 - params.wire_primes):
-        level = level.next_context_data()
-    parms_id, scale = level.parms_id(), 2.0**params.scale_bits
+    scale = 2.0**params.scale_bits
     encoder, encryptor = sealapi.CKKSEncoder(seal), sealapi.Encryptor(seal, public.public_key().data)
 
     def encrypt(values: list[complex]) -> Any:
