@@ -11,17 +11,48 @@ Wire format (all integers little-endian)::
 
 The JSON header holds ``kind, sender, receiver, step, meta`` and, in order, one ``[name, dtype, shape]`` entry per
 tensor and one ``[name, nbytes]`` entry per blob; payloads follow in the same order.
+
+Strict decoding. :func:`decode` is the first code that touches another party's bytes, before any layer has
+authenticated them, so it accepts exactly what :func:`encode` writes and raises :class:`MessageError` (naming the
+field) for anything else, with work linear in the input:
+
+* the header is at most :data:`MAX_HEADER_BYTES`, standard JSON (no NaN/Infinity, valid UTF-8), with exactly the
+  seven keys above and exact types: ``step`` an integer in [0, 2^63) (``true``, ``"7"``, ``2.9`` or ``2.0`` are
+  refused, not converted), names non-empty strings of at most :data:`MAX_NAME_CHARS` characters, ``kind`` a
+  registered kind, dtypes from :data:`WIRE_DTYPES`, at most :data:`MAX_DIMS` integer dimensions each below 2^31;
+* ``meta`` maps strings to JSON scalars (integers within int64, finite floats) and lists/objects of them nested at
+  most :data:`MAX_META_DEPTH` deep;
+* the header is in canonical form: re-encoding what was decoded gives the same bytes, so whitespace, escapes,
+  number spellings, key order or duplicate keys that the encoder never writes are refused -- one message, one
+  encoding, and nothing is silently reinterpreted;
+* tensor and blob names are unique, and the payload sizes they declare add up to exactly the bytes present before
+  anything is allocated; bool tensors hold only bytes 0 and 1.
+
+:func:`encode` runs the same checks on what it writes, so a sender learns at once that a receiver would refuse it.
+
+Why msgspec: the standard ``json`` module accepts NaN and Infinity, turns any digit string into an int in time
+quadratic in its length (a header of 4000-digit integers cost seconds), recurses without bound on nesting and
+returns untyped objects whose every field would need hand-written re-checks (``True`` is an int, ``2.9`` is not).
+msgspec decodes JSON in C straight into the declared types below: it rejects wrong types (no bool-as-int, no
+string-to-int, no float-to-int), checks the declared ranges and lengths while it parses (so a deep or huge value
+stops at the first element past the limit), reports the path of the failing field, and is faster than ``json``.
+It is maintained and ships wheels wherever torch does. safetensors (which validates a tensor section) was not
+adopted: it has its own header and alignment, so it would change the payload layout that byte accounting relies
+on (an embedding of B x D float32 costs B * D * 4 bytes plus its header), and checking [name, dtype, shape] entries
+against the bytes present takes a few lines here.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import operator
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
+import msgspec
 import numpy as np
 import torch
 
@@ -35,11 +66,26 @@ __all__ = [
     "register_kind",
     "KINDS",
     "WIRE_DTYPES",
+    "MAX_HEADER_BYTES",
+    "MAX_NAME_CHARS",
+    "MAX_DIMS",
+    "MAX_META_DEPTH",
 ]
 
 MAGIC = b"SVFL"
 VERSION = 1
 _PREFIX = struct.Struct("<4sBI")
+
+# Limits of what decode accepts (encode refuses the same). The header bound leaves room for a meta list of ~500k
+# row ids (the largest real headers name a batch's rows); parsing one that size takes about 30 ms on one core.
+MAX_HEADER_BYTES = 4 << 20
+MAX_NAME_CHARS = 256  # sender, receiver, tensor, blob names and meta keys
+MAX_KIND_CHARS = 64
+MAX_DIMS = 8
+MAX_DIM = 2**31 - 1
+MAX_ENTRIES = 4096  # tensors, and blobs, per message
+MAX_META_DEPTH = 4  # lists/objects inside a meta value (CKKS layouts and compression headers use 3)
+_MAX_INT64 = 2**63 - 1
 
 # Message kinds known to the transport. Protocol layers register the kinds they introduce.
 KINDS: set[str] = {
@@ -65,14 +111,56 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_NAMES = {v: k for k, v in WIRE_DTYPES.items()}
 _ITEMSIZE = {v: v.itemsize for v in WIRE_DTYPES.values()}
-# One encoder for every header (json.dumps with options builds a new encoder per call).
-_HEADER_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+# The header's schema: msgspec checks these types, ranges and lengths while it parses.
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+_Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=_MAX_INT64)]
+_MetaKey = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
+
+
+def _meta_value_type(depth: int) -> Any:
+    value: Any = Union[None, bool, _Int64, float, str]  # noqa: UP007 (a runtime type expression for msgspec)
+    for _ in range(depth):  # spelled out level by level: the depth limit is part of the type
+        value = Union[None, bool, _Int64, float, str, list[value], dict[_MetaKey, value]]  # noqa: UP007
+    return value
+
+
+_MetaValue = _meta_value_type(MAX_META_DEPTH)
+
+
+class _Header(msgspec.Struct, forbid_unknown_fields=True):
+    # Field order is the wire's key order.
+    kind: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KIND_CHARS)]
+    sender: _Name
+    receiver: _Name
+    step: Annotated[int, msgspec.Meta(ge=0, le=_MAX_INT64)]
+    meta: dict[_MetaKey, _MetaValue]  # type: ignore[valid-type]
+    tensors: Annotated[
+        list[tuple[_Name, Literal[tuple(WIRE_DTYPES)],  # type: ignore[valid-type]
+                   Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]], msgspec.Meta(max_length=MAX_DIMS)]]],
+        msgspec.Meta(max_length=MAX_ENTRIES),
+    ]
+    blobs: Annotated[list[tuple[_Name, Annotated[int, msgspec.Meta(ge=0, le=_MAX_INT64)]]],
+                     msgspec.Meta(max_length=MAX_ENTRIES)]
+
+
+def _float_subclass(obj: Any) -> float:
+    if isinstance(obj, float):  # numpy.float64 and other float subclasses: the same number
+        return float(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON data")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_float_subclass)
+_DECODER = msgspec.json.Decoder(_Header)
+_META_HINT = (f"(meta values are null, booleans, int64 integers, finite floats, strings, and lists/objects of them "
+              f"nested at most {MAX_META_DEPTH} deep)")
 
 
 def register_kind(kind: str) -> str:
     """Declare a new message kind (used by protocol layers, e.g. ``"ciphertext"``)."""
-    if not kind or not kind.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"message kind must be alphanumeric (with - or _), got {kind!r}")
+    if not kind or not kind.replace("_", "").replace("-", "").isalnum() or len(kind) > MAX_KIND_CHARS:
+        raise ValueError(f"message kind must be alphanumeric (with - or _), at most {MAX_KIND_CHARS} characters, "
+                         f"got {kind!r}")
     KINDS.add(kind)
     return kind
 
@@ -128,25 +216,119 @@ def _header(message: Message) -> bytes:
             raise MessageError(f"tensor {name!r} of a {message.kind} message is a {type(t).__name__}, not a torch.Tensor")
         if t.dtype not in _DTYPE_NAMES:
             raise MessageError(f"tensor {name!r} has dtype {t.dtype}, which has no wire format; use one of {sorted(WIRE_DTYPES)}")
-        tensors.append([name, _DTYPE_NAMES[t.dtype], list(t.shape)])
+        tensors.append((name, _DTYPE_NAMES[t.dtype], list(t.shape)))
     blobs = []
     for name, b in message.blobs.items():
         if not isinstance(b, (bytes, bytearray, memoryview)):
             raise MessageError(f"blob {name!r} of a {message.kind} message is a {type(b).__name__}, not bytes")
-        blobs.append([name, len(b)])
-    head = {
-        "kind": message.kind,
-        "sender": message.sender,
-        "receiver": message.receiver,
-        "step": int(message.step),
-        "meta": dict(message.meta),
-        "tensors": tensors,
-        "blobs": blobs,
-    }
+        blobs.append((name, len(b)))
+    if isinstance(message.step, bool):
+        raise MessageError(f"step of a {message.kind} message is {message.step!r}, not an integer")
     try:
-        return _HEADER_JSON.encode(head).encode()
-    except (TypeError, ValueError) as exc:
-        raise MessageError(f"meta of a {message.kind} message is not plain JSON data: {exc}") from None
+        step = operator.index(message.step)  # ints and numpy integers; a float step is a bug, not rounded
+    except TypeError:
+        raise MessageError(f"step of a {message.kind} message is {message.step!r}, not an integer") from None
+    meta = dict(message.meta)
+    try:
+        data = _ENCODER.encode(_Header(message.kind, message.sender, message.receiver, step, meta, tensors, blobs))
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise MessageError(f"the header of a {message.kind} message is not plain JSON data: {exc}") from None
+    if len(data) > MAX_HEADER_BYTES:
+        raise MessageError(f"the header of a {message.kind} message is {len(data)} bytes, over the "
+                           f"{MAX_HEADER_BYTES}-byte limit; send its meta (e.g. row ids) in smaller messages")
+    # The receiver's checks, on the sender's side: what would be refused there is refused here, with the reason.
+    checked = _parse_header(data, canonical=False)
+    if checked.meta != meta:
+        problem = _meta_difference(meta, checked.meta, "meta")
+        if problem is not None:  # (None: only tuples that arrive as lists)
+            raise MessageError(f"{problem}, in a {message.kind} message; meta must be plain JSON data")
+    return data
+
+
+def _meta_difference(sent: Any, got: Any, path: str) -> str | None:
+    """Where ``sent`` (the sender's meta) differs from ``got`` (what the receiver decodes); tuples arrive as lists."""
+    if isinstance(sent, Mapping):
+        for key, value in sent.items():
+            if not isinstance(key, str):
+                return f"{path} has the key {key!r}, a {type(key).__name__} (JSON keys are strings)"
+            if not isinstance(got, dict) or key not in got:
+                return f"{path}[{key!r}] does not survive the wire"
+            problem = _meta_difference(value, got[key], f"{path}[{key!r}]")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(sent, (list, tuple)) and isinstance(got, list) and len(sent) == len(got):
+        for i, (a, b) in enumerate(zip(sent, got, strict=True)):
+            problem = _meta_difference(a, b, f"{path}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(sent, float) and not math.isfinite(sent):
+        return f"{path} is {sent} (JSON has no NaN or Infinity)"
+    same_type = type(sent) is type(got) or (isinstance(sent, float) and type(got) is float)  # numpy floats: fine
+    if not same_type or sent != got:
+        return f"{path} = {sent!r:.80} would arrive as {got!r:.80}"
+    return None
+
+
+def _parse_header(raw: bytes | memoryview, *, canonical: bool) -> _Header:
+    try:
+        head = _DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise MessageError(_validation_problem(raw, exc)) from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise MessageError(f"message header is not valid JSON: {exc}{_near(raw, exc)}") from None
+    if head.kind not in KINDS:
+        raise MessageError(f"unknown message kind {head.kind!r}")
+    for what, entries in (("tensor", head.tensors), ("blob", head.blobs)):
+        if len(entries) > 1 and len({e[0] for e in entries}) != len(entries):
+            names = [e[0] for e in entries]
+            dup = next(n for n in names if names.count(n) > 1)
+            raise MessageError(f"message header names {what} {dup!r} twice")
+    if canonical and _ENCODER.encode(head) != raw:
+        raise MessageError("message header is not in the canonical form secvfl's encoder writes (whitespace, "
+                           "escapes, number spelling, key order or duplicate keys differ); re-encode it with encode()")
+    return head
+
+
+def _near(raw: bytes | memoryview, exc: Exception) -> str:
+    """The header text around the byte msgspec names, so the error shows which field is malformed."""
+    if isinstance(exc, UnicodeDecodeError):  # its position is within one string, not the header
+        try:
+            bytes(raw).decode("utf-8")
+            return ""
+        except UnicodeDecodeError as whole:
+            at = whole.start
+    else:
+        found = re.search(r"\(byte (\d+)\)", str(exc))
+        if found is None:
+            return ""
+        at = int(found.group(1))
+    return f", near {bytes(raw[max(0, at - 32) : at + 16]).decode('utf-8', 'replace')!r}"
+
+
+class _MetaEntries(msgspec.Struct):
+    meta: dict[str, msgspec.Raw]
+
+
+def _validation_problem(raw: bytes | memoryview, exc: msgspec.ValidationError) -> str:
+    """One line naming the header field msgspec refused (for meta, the key too: msgspec writes ``[...]``)."""
+    problem, _, path = str(exc).partition(" - at `")
+    path = path.rstrip("`")
+    if not path:
+        return f"message header: {problem}"
+    if not path.startswith("$.meta"):
+        return f"message header field {path}: {problem}"
+    try:  # error path only: find the meta key whose value fails
+        for key, value in msgspec.json.decode(raw, type=_MetaEntries).meta.items():
+            try:
+                msgspec.json.decode(value, type=_MetaValue)
+            except msgspec.ValidationError as inner:
+                path = f"$.meta[{key!r}]" + str(inner).partition(" - at `$")[2].rstrip("`")
+                break
+    except (ValueError, RecursionError):
+        pass
+    return f"message header field {path}: {problem} {_META_HINT}"
 
 
 def header_size(message: Message) -> int:
@@ -155,7 +337,7 @@ def header_size(message: Message) -> int:
 
 
 def encode(message: Message) -> bytes:
-    """Serialise a message to bytes (no pickle)."""
+    """Serialise a message to bytes (no pickle); a message :func:`decode` would refuse raises :class:`MessageError`."""
     if message.kind not in KINDS:
         raise MessageError(f"unknown message kind {message.kind!r}; known kinds: {sorted(KINDS)}")
     head = _header(message)
@@ -166,61 +348,60 @@ def encode(message: Message) -> bytes:
 
 
 def decode(data: bytes | bytearray | memoryview) -> Message:
-    """Read a message back from bytes; malformed or truncated input raises :class:`MessageError`."""
-    data = memoryview(data)
-    if len(data) < _PREFIX.size:
-        raise MessageError(f"message truncated: {len(data)} bytes is shorter than the {_PREFIX.size}-byte prefix")
-    magic, version, hlen = _PREFIX.unpack_from(data)
+    """Read a message back from bytes; anything :func:`encode` would not have written raises :class:`MessageError`."""
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError:
+        raise MessageError(f"a message is a contiguous bytes object, not {type(data).__name__}") from None
+    n = len(view)
+    if n < _PREFIX.size:
+        raise MessageError(f"message truncated: {n} bytes is shorter than the {_PREFIX.size}-byte prefix")
+    magic, version, hlen = _PREFIX.unpack_from(view)
     if magic != MAGIC:
         raise MessageError("not a secvfl message (bad magic bytes)")
     if version != VERSION:
         raise MessageError(f"message format version {version} is not supported (this secvfl reads version {VERSION})")
+    if hlen > MAX_HEADER_BYTES:
+        raise MessageError(f"message header of {hlen} bytes is over the {MAX_HEADER_BYTES}-byte limit")
     off = _PREFIX.size
-    if len(data) < off + hlen:
-        raise MessageError("message truncated inside its header")
-    try:
-        head = json.loads(str(data[off : off + hlen], "utf-8"))
-        kind, sender, receiver = head["kind"], head["sender"], head["receiver"]
-        step, meta, tspecs, bspecs = int(head["step"]), head["meta"], head["tensors"], head["blobs"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise MessageError(f"message header is not valid: {exc}") from None
-    if kind not in KINDS:
-        raise MessageError(f"unknown message kind {kind!r}")
+    if n < off + hlen:
+        raise MessageError(f"message truncated inside its header ({n - off} of {hlen} header bytes present)")
+    head = _parse_header(view[off : off + hlen], canonical=True)
     off += hlen
+    # Every declared size is checked against the bytes actually present before anything is allocated.
+    left = n - off
+    layout = []
+    for name, dname, shape in head.tensors:
+        dtype = WIRE_DTYPES[dname]
+        nbytes = math.prod(shape) * _ITEMSIZE[dtype]  # at most 8 dims below 2^31: exact and cheap
+        if nbytes > left:
+            raise MessageError(f"tensor {name!r} ({dname} {shape}) needs {nbytes} bytes but {left} payload bytes "
+                               f"are left (message truncated or shape wrong)")
+        left -= nbytes
+        layout.append((name, dtype, shape, nbytes))
+    for name, nbytes in head.blobs:
+        if nbytes > left:
+            raise MessageError(f"blob {name!r} needs {nbytes} bytes but {left} payload bytes are left (message truncated)")
+        left -= nbytes
+    if left:
+        raise MessageError(f"{left} unexpected trailing bytes after the message")
     tensors: dict[str, torch.Tensor] = {}
-    for spec in tspecs:
-        try:
-            name, dname, shape = spec
-            dtype = WIRE_DTYPES[dname]
-            shape = [int(s) for s in shape]
-        except (ValueError, KeyError, TypeError):
-            raise MessageError(f"bad tensor description in header: {spec!r}") from None
-        if any(s < 0 for s in shape):
-            raise MessageError(f"negative dimension in tensor {name!r}: {shape}")
-        numel = math.prod(shape)
-        nbytes = numel * _ITEMSIZE[dtype]
-        if len(data) < off + nbytes:
-            raise MessageError(f"message truncated inside tensor {name!r}")
-        if numel == 0:
+    for name, dtype, shape, nbytes in layout:
+        if nbytes == 0:
             t = torch.empty(shape, dtype=dtype)
         else:
             # bytearray: a private, writable copy, so the receiver never shares memory with the sender.
-            t = torch.frombuffer(bytearray(data[off : off + nbytes]), dtype=dtype).reshape(shape)
+            buf = bytearray(view[off : off + nbytes])
+            if dtype is torch.bool and buf.translate(None, b"\x00\x01"):
+                raise MessageError(f"bool tensor {name!r} holds bytes other than 0 and 1")
+            t = torch.frombuffer(buf, dtype=dtype).reshape(shape)
         tensors[name] = t
         off += nbytes
     blobs: dict[str, bytes] = {}
-    for spec in bspecs:
-        try:
-            name, n = spec[0], int(spec[1])
-        except (ValueError, TypeError, IndexError):
-            raise MessageError(f"bad blob description in header: {spec!r}") from None
-        if n < 0 or len(data) < off + n:
-            raise MessageError(f"message truncated inside blob {name!r}")
-        blobs[name] = bytes(data[off : off + n])
-        off += n
-    if off != len(data):
-        raise MessageError(f"{len(data) - off} unexpected trailing bytes after the message")
-    return Message(kind, sender, receiver, step, tensors, blobs, meta, wire_size=len(data))
+    for name, nbytes in head.blobs:
+        blobs[name] = bytes(view[off : off + nbytes])
+        off += nbytes
+    return Message(head.kind, head.sender, head.receiver, head.step, tensors, blobs, head.meta, wire_size=n)
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
