@@ -3,6 +3,8 @@ network plumbing (floats counted, compression, partial participation, refusals) 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -310,3 +312,117 @@ def test_train_cli_eg_resumes_to_the_same_result(tmp_path):
     assert resumed["metrics"]["test"] == full["metrics"]["test"]
     assert resumed["comm"]["bytes_total"] == full["comm"]["bytes_total"]
     assert full["metrics"]["test"]["accuracy"] > 0.9
+
+
+# -- secvfl train: the run's data, the bytes a linear model sends --------------------------------------------------
+def _linear_run(algo, dataset="wine", **options):
+    from secvfl.config import TrainConfig
+    from secvfl.runner import build_run
+
+    dtype = options.pop("dtype", "float32")
+    return build_run(TrainConfig(algo=algo, dataset=dataset, parties=3, dtype=dtype, options=options))
+
+
+def _traffic(net, parties, action):
+    """Run ``action``; return (bytes it added to the network's count, the messages the parties received meanwhile)."""
+    views = [net.record(p) for p in parties]
+    marks = [len(v.received) for v in views]
+    before = net.stats.bytes_total
+    action()
+    return net.stats.bytes_total - before, [m for v, k in zip(views, marks, strict=True) for m in v.received[k:]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("algo", "rounds"), [("eg", 2), ("gd", 1), ("nesterov", 1), ("admm", 1)])
+def test_train_bytes_per_iteration_are_the_formula_plus_headers(algo, rounds, dtype):
+    from secvfl.messages import header_size
+
+    run = _linear_run(algo, saddle_iters=5, dtype=dtype)
+    alg = run.algorithm
+    K, N, C, s = 3, alg.fed.n, alg.fed.label.C, 4 if dtype == "float32" else 8
+    assert C == 3  # wine: softmax over 3 classes
+    _, setup = _traffic(run.net, alg.parties(), lambda: alg.method)  # setup: the power iteration (not for admm)
+    assert all(m.kind == "control" for m in setup) and (len(setup) > 0) == (algo != "admm")
+    sent, got = _traffic(run.net, alg.parties(), lambda: alg.train_epoch(0))
+    # per iteration and round: each of the K parties sends A_k x_k (N x C) and receives lambda (N x C) -- no setup again
+    assert sorted({m.kind for m in got}) == ["gradient", "logits"]
+    assert len(got) == 5 * rounds * 2 * K
+    assert sent == 5 * rounds * 2 * K * N * C * s + sum(header_size(m) for m in got)
+    # one evaluation: each party sends its A_k x_k of the split once
+    n_val = alg.fed.features[0].rows("val")
+    sent, got = _traffic(run.net, alg.parties(), lambda: alg.evaluate("val"))
+    assert len(got) == K and sent == K * n_val * C * s + sum(header_size(m) for m in got)
+
+
+def test_train_resume_repeats_no_setup_traffic(tmp_path):
+    from secvfl.config import TrainConfig
+    from secvfl.runner import run_training
+
+    quiet = {"progress": False, "log": lambda *_: None}
+    cfg = TrainConfig(algo="gd", dataset="wine", parties=3, epochs=2, options={"saddle_iters": 3})
+    full = run_training(cfg, out=tmp_path / "full", **quiet)
+    run_training(dataclasses.replace(cfg, epochs=1), out=tmp_path / "half", **quiet)
+    text = (tmp_path / "half" / "config.toml").read_text().replace("epochs = 1", "epochs = 2")
+    (tmp_path / "half" / "config.toml").write_text(text)
+    resumed = run_training(TrainConfig(), resume=tmp_path / "half", **quiet)
+    assert resumed["comm"]["bytes_by_kind"]["control"] == full["comm"]["bytes_by_kind"]["control"]
+    assert resumed["comm"]["bytes_total"] == full["comm"]["bytes_total"]
+    assert resumed["metrics"]["test"] == pytest.approx(full["metrics"]["test"], rel=1e-9)
+
+
+def test_train_linear_model_has_an_intercept_on_standardised_features(tmp_path):
+    """Features carry a weak signal and the classes are 85/15: the model must learn the prior to beat the majority.
+
+    The run standardises the features (mean 0), so without an intercept sum_k A_k x_k is centred and about half of
+    the rows are predicted positive (accuracy near 0.6 here, below the majority class)."""
+    rng = np.random.default_rng(0)
+    n = 1500
+    y = (rng.random(n) < 0.15).astype(int)
+    X = rng.standard_normal((n, 6)) + 0.8 * y[:, None] * np.array([1.0, 0.5, 0, 0, 0.5, 0])
+    lines = ["a,b,c,d,e,f,label"] + [",".join(f"{v:.6f}" for v in row) + f",{t}" for row, t in zip(X, y, strict=True)]
+    (tmp_path / "prior.csv").write_text("\n".join(lines) + "\n")
+    from secvfl.config import TrainConfig
+    from secvfl.data import load_dataset
+    from secvfl.runner import run_training
+
+    for algo in ("eg", "gd", "nesterov", "admm"):
+        cfg = TrainConfig(algo=algo, dataset=f"csv:{tmp_path / 'prior.csv'}:label", parties=3, epochs=2)
+        out = run_training(cfg, progress=False, log=lambda *_: None)
+        y_test = load_dataset(cfg.dataset).y_test
+        majority = float(np.bincount(y_test).max() / len(y_test))
+        assert out["metrics"]["test"]["accuracy"] >= majority + 0.02, (algo, out["metrics"]["test"], majority)
+
+
+@pytest.mark.parametrize("algo", ["eg", "gd", "nesterov", "admm"])
+def test_train_linear_algos_reach_the_centralised_optimum_of_the_run_data(algo):
+    """The trainer solves the run's problem: logistic loss on the standardised training columns (validation rows
+    held out) plus an intercept column, L2 mu (scipy L-BFGS + Newton on the pooled data as the reference). mu = 0.05
+    keeps the problem well conditioned, so the default 10 epochs reach machine precision."""
+    run = _linear_run(algo, dataset="breast_cancer", saddle_mu=0.05, dtype="float64")
+    alg = run.algorithm
+    for epoch in range(run.cfg.epochs):
+        alg.train_epoch(epoch)
+    data = run.ctx.data
+    X = np.hstack([data.X_train.astype(np.float64), np.ones((len(data.y_train), 1))])
+    _, f_star, info = centralised_optimum(X, data.y_train, "logistic", 0.05)
+    assert info["grad_norm"] < 1e-10
+    f = Monitor(alg.fed).objective(alg.method.current())[0]
+    assert abs(f - f_star) / f_star < 1e-9
+
+
+def test_train_eg_mlp_resumes_to_the_same_result(tmp_path):
+    """ExtraAdam keeps moment estimates per party: a resumed run must restore them to end where an uninterrupted one
+    ends."""
+    from secvfl.config import TrainConfig
+    from secvfl.runner import run_training
+
+    quiet = {"progress": False, "log": lambda *_: None}
+    cfg = TrainConfig(algo="eg-mlp", dataset="wine", parties=3, epochs=3)
+    full = run_training(cfg, out=tmp_path / "full", **quiet)
+    run_training(dataclasses.replace(cfg, epochs=1), out=tmp_path / "half", **quiet)
+    text = (tmp_path / "half" / "config.toml").read_text().replace("epochs = 1", "epochs = 3")
+    (tmp_path / "half" / "config.toml").write_text(text)
+    resumed = run_training(TrainConfig(), resume=tmp_path / "half", **quiet)
+    assert resumed["metrics"]["test"] == pytest.approx(full["metrics"]["test"], rel=1e-6)
+    assert resumed["metrics"]["val"]["train_loss"] == pytest.approx(full["metrics"]["val"]["train_loss"], rel=1e-6)
+    assert resumed["comm"]["bytes_total"] == full["comm"]["bytes_total"]

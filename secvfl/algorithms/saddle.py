@@ -326,6 +326,11 @@ def _rmm(A: Matrix, v: Array) -> Array:
     return np.asarray(A.T @ v)
 
 
+def _received(t: torch.Tensor) -> Array:
+    """A received tensor as the float64 array every party computes with, whatever the wire dtype was."""
+    return t.to(torch.float64).numpy()
+
+
 class LinearFeatureParty:
     """Holds its own block ``A_k`` (train and test rows) and weights ``x_k``; never sees labels or other blocks."""
 
@@ -453,10 +458,15 @@ class LinearFederation:
     features: list[LinearFeatureParty]
     label: LinearLabelParty
     mu: float
+    wire_dtype: torch.dtype = torch.float64  # what a value costs on the wire; parties compute in float64 either way
 
     @property
     def n(self) -> int:
         return self.label.n
+
+    def wire(self, v: Array) -> torch.Tensor:
+        """``v`` as a message carries it (in :attr:`wire_dtype`)."""
+        return torch.from_numpy(np.ascontiguousarray(v)).to(self.wire_dtype)
 
     @property
     def transport(self) -> CountingTransport:
@@ -493,38 +503,62 @@ def build_federation(
     aggregation: Any = None,
     traits: AlgorithmTraits = SADDLE_TRAITS,
     blocks: Sequence[Array] | None = None,
+    val: tuple[Any, Array] | None = None,
+    net: Network | None = None,
+    intercept: bool = False,
+    wire_dtype: torch.dtype = torch.float64,
 ) -> LinearFederation:
-    """Split the columns into ``n_parties`` contiguous blocks, hand each to a party, and wire them up."""
+    """Split the columns into ``n_parties`` contiguous blocks (or the given ``blocks``), hand each to a party, and
+    wire them up; ``secvfl train`` and ``secvfl reproduce saddle`` both build their parties here.
+
+    ``val``: a further evaluated split (features, labels). ``net``: the network to use (the run's, with its protocol
+    stack); by default a new one over a :class:`CountingTransport` with ``layers`` and ``aggregation``.
+    ``intercept``: the first feature party also holds a column of ones, so the model has an intercept. Centred
+    (standardised) features need one: without it ``sum_k A_k x_k`` has mean zero over the training rows and the model
+    cannot even learn the class prior (a9a standardised: optimum below the majority class). The column costs no
+    message and reveals nothing. The LIBSVM data of the reproduction carry it implicitly (one-hot groups sum to 1).
+    """
     if mu < 0 or not math.isfinite(mu):
         raise ConfigError(f"mu must be a non-negative number, got {mu}")
+    if net is not None and (layers or aggregation is not None):
+        raise ConfigError("build_federation takes either a network or the layers and aggregation to build one")
     loss_obj = make_loss(loss) if isinstance(loss, str) else loss
-    y_train = np.asarray(y_train, dtype=np.int64)
-    y_test = np.asarray(y_test, dtype=np.int64)
-    C = int(n_classes if n_classes is not None else max(int(y_train.max(initial=0)), int(y_test.max(initial=0))) + 1)
+    splits = {"train": (X_train, y_train), "test": (X_test, y_test), **({"val": val} if val is not None else {})}
+    labels = {s: np.asarray(y, dtype=np.int64) for s, (_, y) in splits.items()}
+    C = int(n_classes if n_classes is not None else max(int(y.max(initial=0)) for y in labels.values()) + 1)
     C = max(C, 2)
     n_out = loss_obj.outputs(C)
     d = X_train.shape[1]
-    if X_test.shape[1] != d:
-        raise DataError(f"train has {d} columns but test has {X_test.shape[1]}")
-    if X_train.shape[0] != len(y_train) or X_test.shape[0] != len(y_test):
-        raise DataError("features and labels have different numbers of rows")
+    for s, (X, _) in splits.items():
+        if X.shape[1] != d:
+            raise DataError(f"train has {d} columns but {s} has {X.shape[1]}")
+        if X.shape[0] != len(labels[s]):
+            raise DataError("features and labels have different numbers of rows")
     if blocks is None:
         if not 1 <= n_parties <= d:
             raise ConfigError(f"cannot split {d} columns among {n_parties} parties")
         blocks = np.array_split(np.arange(d), n_parties)
-    Xtr = sp.csr_matrix(X_train) if sp.issparse(X_train) else np.asarray(X_train, dtype=np.float64)
-    Xte = sp.csr_matrix(X_test) if sp.issparse(X_test) else np.asarray(X_test, dtype=np.float64)
+    matrices = {s: sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X, dtype=np.float64) for s, (X, _) in splits.items()}
+
+    def block(k: int, cols: Array, X: Matrix) -> Matrix:
+        A = X[:, cols]
+        if not (intercept and k == 0):
+            return A
+        ones = np.ones((A.shape[0], 1))
+        return sp.hstack([A, sp.csr_matrix(ones)], format="csr") if sp.issparse(A) else np.hstack([A, ones])
+
     features = [
-        LinearFeatureParty(f"party{k}", {"train": Xtr[:, cols], "test": Xte[:, cols]}, n_out, mu)
+        LinearFeatureParty(f"party{k}", {s: block(k, cols, X) for s, X in matrices.items()}, n_out, mu)
         for k, cols in enumerate(blocks)
     ]
-    label = LinearLabelParty(LABEL, {"train": y_train, "test": y_test}, loss_obj, C)
-    roles = {p.name: Role.FEATURE for p in features}
-    roles[LABEL] = Role.LABEL
-    if aggregation is not None and hasattr(aggregation, "extra_roles"):
-        roles.update(aggregation.extra_roles())
-    net = Network(roles, transport=CountingTransport(), layers=layers, aggregation=aggregation, traits=traits)
-    return LinearFederation(net, features, label, float(mu))
+    label = LinearLabelParty(LABEL, labels, loss_obj, C)
+    if net is None:
+        roles = {p.name: Role.FEATURE for p in features}
+        roles[LABEL] = Role.LABEL
+        if aggregation is not None and hasattr(aggregation, "extra_roles"):
+            roles.update(aggregation.extra_roles())
+        net = Network(roles, transport=CountingTransport(), layers=layers, aggregation=aggregation, traits=traits)
+    return LinearFederation(net, features, label, float(mu), wire_dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -544,11 +578,11 @@ def power_lambda_max(fed: LinearFederation, *, iters: int = 100, tol: float = 1e
     est = 0.0
     net = fed.net
     for it in range(iters):
-        net.send(*[Message(CONTROL_KIND, LABEL, p.name, it, {"vector": torch.from_numpy(v)}) for p in fed.features])
+        net.send(*[Message(CONTROL_KIND, LABEL, p.name, it, {"vector": fed.wire(v)}) for p in fed.features])
         for p in fed.features:
-            got = net.receive(p.name, kind=CONTROL_KIND, sender=LABEL).tensor("vector").numpy()
-            net.send(Message(CONTROL_KIND, p.name, LABEL, it, {"vector": torch.from_numpy(p.gram_apply(got))}))
-        w = sum(net.receive(LABEL, kind=CONTROL_KIND, sender=p.name).tensor("vector").numpy() for p in fed.features)
+            got = _received(net.receive(p.name, kind=CONTROL_KIND, sender=LABEL).tensor("vector"))
+            net.send(Message(CONTROL_KIND, p.name, LABEL, it, {"vector": fed.wire(p.gram_apply(got))}))
+        w = sum(_received(net.receive(LABEL, kind=CONTROL_KIND, sender=p.name).tensor("vector")) for p in fed.features)
         new = float(v @ w)
         norm = float(np.linalg.norm(w))
         if norm == 0.0:
@@ -642,7 +676,7 @@ class LinearAlgorithm(ABC):
         """Feature parties in ``outputs`` send their ``A_k x_k``; returns what the label party gets: the sum."""
         net = self.fed.net
         meta: dict[str, Any] = {"persistent": True} if rows is None else {"rows": ["train", *map(int, rows)]}
-        msgs = [Message(FORWARD_KIND, name, LABEL, self.round, {"value": torch.from_numpy(v)}, meta=meta)
+        msgs = [Message(FORWARD_KIND, name, LABEL, self.round, {"value": self.fed.wire(v)}, meta=meta)
                 for name, v in outputs.items()]
         if reuse_absent and not self.fed.individual_messages:
             raise UnsupportedError(
@@ -654,7 +688,7 @@ class LinearAlgorithm(ABC):
                 net.send(m)
             for name in outputs:
                 # the label party keeps each party's last A_k x_k (reused while that party is absent)
-                got = net.receive(LABEL, kind=FORWARD_KIND, sender=name).tensor("value").numpy()
+                got = _received(net.receive(LABEL, kind=FORWARD_KIND, sender=name).tensor("value"))
                 self.fed.label.vars[f"last:{name}"] = got
             names = [p.name for p in self.fed.features] if reuse_absent else list(outputs)
             last = {n: self.fed.label.vars.get(f"last:{n}") for n in names}
@@ -663,8 +697,7 @@ class LinearAlgorithm(ABC):
                 raise UnsupportedError(f"no earlier message from {missing} to reuse")
             total = sum(last[n] for n in names)
         else:
-            total = net.aggregate(msgs, LABEL, "sum").tensor("value").numpy()
-        total = np.asarray(total, dtype=np.float64)
+            total = _received(net.aggregate(msgs, LABEL, "sum").tensor("value"))
         self.last_sum = (total, rows)  # the label party's latest sum (its training loss comes from it)
         return total
 
@@ -672,9 +705,9 @@ class LinearAlgorithm(ABC):
         """The label party sends ``value`` to each receiver (one message each); returns what each receives."""
         net = self.fed.net
         meta: dict[str, Any] = {"persistent": True} if rows is None else {"rows": ["train", *map(int, rows)]}
-        t = torch.from_numpy(np.ascontiguousarray(value))
+        t = self.fed.wire(value)
         net.send(*[Message(BACKWARD_KIND, LABEL, r, self.round, {"value": t}, meta=meta) for r in receivers])
-        return {r: net.receive(r, kind=BACKWARD_KIND, sender=LABEL).tensor("value").numpy() for r in receivers}
+        return {r: _received(net.receive(r, kind=BACKWARD_KIND, sender=LABEL).tensor("value")) for r in receivers}
 
     # -- loop -------------------------------------------------------------------------------------------------
     @abstractmethod

@@ -13,8 +13,12 @@ directions, partial participation, noise) apply unchanged.
 
 A row seen for the first time starts at ``z_n = sum_k f_k(a_nk)`` and ``lambda_n = grad loss(z_n)`` (the label
 party computes both from what it received), i.e. on the saddle manifold of the current model, instead of at zero,
-where the first updates would point the wrong way. Step sizes: ``lr`` for ``theta``, ``1/curvature`` for ``z`` and
-``curvature/2`` for ``lambda`` (the same block scaling as the linear case).
+where the first updates would point the wrong way. Step sizes: ``1/curvature`` for ``z`` and ``curvature/2`` for
+``lambda`` (the same block scaling as the linear case); ``theta`` is stepped by its party's optimizer, both EG steps
+from ``theta^t``: ``sgd`` is plain EG with step ``lr``, ``adam``/``adamw`` ExtraAdam (Gidel et al., "A Variational
+Inequality Perspective on Generative Adversarial Networks", ICLR 2019: the moments are updated at both steps), so
+``secvfl train``'s shared defaults (adam, lr 1e-3) fit eg-mlp as they fit the other neural algorithms. Weight decay
+is the ``r(theta)`` of the problem, inside the operator, so adam and adamw coincide here.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from torch.func import functional_call
 from secvfl.algorithms.saddle import BACKWARD_KIND, FORWARD_KIND, LABEL, Loss, make_loss
 from secvfl.errors import ConfigError
 from secvfl.messages import Message
+from secvfl.parties import make_optimizer
 from secvfl.transport.network import Network
 
 __all__ = ["MLPFeatureParty", "MLPLabelParty", "SaddleMLP", "build_mlp_saddle"]
@@ -41,12 +46,14 @@ class MLPFeatureParty:
     """A feature party with its own block (train/test rows) and bottom model; holds nothing else."""
 
     def __init__(self, name: str, blocks: dict[str, np.ndarray], model: nn.Module, *, weight_decay: float = 0.0,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, optimizer: str = "sgd", lr: float = 0.05) -> None:
         self.name = name
         self._x = {s: torch.as_tensor(np.asarray(b), dtype=dtype) for s, b in blocks.items()}
         self.model = model.to(dtype=dtype)
         self.weight_decay = float(weight_decay)
         self.dtype = dtype
+        # weight decay is the r(theta) of the saddle problem, inside the operator, so not the optimizer's
+        self.optimizer = make_optimizer(self.model.parameters(), optimizer, lr)
 
     def __repr__(self) -> str:
         return f"MLPFeatureParty({self.name!r})"
@@ -67,16 +74,30 @@ class MLPFeatureParty:
         grads = torch.autograd.grad(out, list(p.values()), grad_outputs=lam.to(out.dtype) / len(rows))
         return {k: g + self.weight_decay * p[k].detach() for k, g in zip(p, grads, strict=True)}
 
+    def step_from(self, start: Params, rows: np.ndarray, lam: torch.Tensor, at: Params) -> Params:
+        """One optimizer step from ``start`` along the operator evaluated at ``at`` (both EG steps start from
+        theta^t); the model holds the result, which is returned as a copy."""
+        grads = self.operator(rows, lam, at)
+        self.load(start)
+        for k, v in self.model.named_parameters():
+            v.grad = grads[k]
+        self.optimizer.step()
+        return self.snapshot()
+
+    def snapshot(self) -> Params:
+        return {k: v.detach().clone() for k, v in self.model.named_parameters()}
+
     def load(self, params: Params) -> None:
         with torch.no_grad():
             for k, v in self.model.named_parameters():
                 v.copy_(params[k])
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict()}
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
 
 class MLPLabelParty:
@@ -117,13 +138,10 @@ class SaddleMLP:
 
     method: ClassVar[str] = "eg-mlp"
 
-    def __init__(self, net: Network, features: Sequence[MLPFeatureParty], label: MLPLabelParty, *, lr: float,
+    def __init__(self, net: Network, features: Sequence[MLPFeatureParty], label: MLPLabelParty, *,
                  batch_size: int, z_step: float | None = None, lam_step: float | None = None, seed: int = 0) -> None:
-        if not lr > 0:
-            raise ConfigError(f"learning rate must be positive, got {lr}")
         self.net, self.features, self.label = net, list(features), label
         curv = label.loss.curvature()
-        self.lr = lr
         self.z_step = z_step if z_step is not None else 1.0 / curv
         self.lam_step = lam_step if lam_step is not None else 0.5 * curv
         self.batch_size = batch_size
@@ -149,7 +167,7 @@ class SaddleMLP:
         lab = self.label
         parts = self.features
         names = [p.name for p in parts]
-        params = {p.name: p.params() for p in parts}
+        params = {p.name: p.snapshot() for p in parts}
         S = self._forward({p.name: p.output("train", rows, params[p.name]) for p in parts}, rows)
         fresh = ~lab.seen[rows]
         if fresh.any():  # start unseen rows on the saddle manifold of the current model
@@ -161,18 +179,14 @@ class SaddleMLP:
         dtype = parts[0].dtype
         lam_k = self._backward(lam, names, rows, dtype)
         self.step += 1
-        half = {}
-        for p in parts:
-            g = p.operator(rows, lam_k[p.name], params[p.name])
-            half[p.name] = {k: v - self.lr * g[k] for k, v in params[p.name].items()}
+        half = {p.name: p.step_from(params[p.name], rows, lam_k[p.name], at=params[p.name]) for p in parts}
         zh = z - self.z_step * (lab.row_grad(z, rows) - lam)
         lh = lam + self.lam_step * (S - z)
         Sh = self._forward({p.name: p.output("train", rows, half[p.name]) for p in parts}, rows)
         lh_k = self._backward(lh, names, rows, dtype)
         self.step += 1
         for p in parts:
-            g = p.operator(rows, lh_k[p.name], half[p.name])
-            p.load({k: v - self.lr * g[k] for k, v in params[p.name].items()})
+            p.step_from(params[p.name], rows, lh_k[p.name], at=half[p.name])
         lab.z[rows] = z - self.z_step * (lab.row_grad(zh, rows) - lh)
         lab.lam[rows] = lam + self.lam_step * (Sh - zh)
         return lab.batch_loss(S, rows)
@@ -198,22 +212,30 @@ class SaddleMLP:
         return {"accuracy": self.label.accuracy(s, split), "loss": self.label.loss.value(s, self.label._t[split])}
 
     def describe(self) -> dict[str, Any]:
-        return {"method": self.method, "lr": self.lr, "z_step": self.z_step, "lambda_step": self.lam_step,
-                "batch_size": self.batch_size}
+        opt = self.features[0].optimizer
+        return {"method": self.method, "optimizer": type(opt).__name__, "lr": opt.param_groups[0]["lr"],
+                "z_step": self.z_step, "lambda_step": self.lam_step, "batch_size": self.batch_size}
 
 
 def build_mlp_saddle(
     net: Network, blocks: Sequence[dict[str, np.ndarray]], labels: dict[str, np.ndarray], n_classes: int, *,
-    hidden: Sequence[int] = (64,), loss: str = "softmax", lr: float = 0.1, batch_size: int = 64,
-    weight_decay: float = 0.0, seed: int = 0,
+    hidden: Sequence[int] = (64,), loss: str = "softmax", optimizer: str = "sgd", lr: float = 0.05,
+    batch_size: int = 64, weight_decay: float = 0.0, seed: int = 0, dtype: torch.dtype = torch.float32,
 ) -> SaddleMLP:
-    """Parties ``party0..`` with MLP bottoms (C outputs each) and the label party ``label`` on ``net``."""
+    """Parties ``party0..`` with MLP bottoms (C outputs each) and the label party ``label`` on ``net``.
+
+    ``optimizer`` steps theta: ``sgd`` is plain EG (a step of ``lr``; 0.05 suits standardised features), ``adam`` /
+    ``adamw`` ExtraAdam (lr 1e-3, like the other neural algorithms).
+    """
     from secvfl.models import MLP
 
+    if not lr > 0:
+        raise ConfigError(f"learning rate must be positive, got {lr}")
     loss_obj = make_loss(loss if n_classes > 2 or loss != "softmax" else "logistic")
     C = loss_obj.outputs(n_classes)
     torch.manual_seed(seed)
-    feats = [MLPFeatureParty(f"party{k}", b, MLP(b["train"].shape[1], list(hidden), C), weight_decay=weight_decay)
+    feats = [MLPFeatureParty(f"party{k}", b, MLP(b["train"].shape[1], list(hidden), C), weight_decay=weight_decay,
+                             dtype=dtype, optimizer=optimizer, lr=lr)
              for k, b in enumerate(blocks)]
     lab = MLPLabelParty(LABEL, labels, loss_obj, n_classes)
-    return SaddleMLP(net, feats, lab, lr=lr, batch_size=batch_size, seed=seed)
+    return SaddleMLP(net, feats, lab, batch_size=batch_size, seed=seed)

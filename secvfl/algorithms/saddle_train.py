@@ -1,23 +1,40 @@
 """``secvfl train --algo eg|gd|nesterov|admm|eg-mlp``: the saddle-point family behind the common trainer interface.
 
-The linear methods (:mod:`secvfl.algorithms.saddle`, :mod:`secvfl.algorithms.saddle_baselines`) train a linear
-model (logistic for 2 classes, softmax otherwise, or ``--saddle-loss squared``) on the run's standardised features,
-full batch by default; one "epoch" is ``--saddle-iters`` iterations. ``eg-mlp`` (:mod:`secvfl.algorithms.
-saddle_mlp`) trains MLP bottom models (``--hidden``) with stochastic EG, one epoch = one pass of ``--batch-size``
-batches, ``--lr`` the step of the model parameters (plain EG steps, not Adam: use e.g. ``--lr 0.05``).
+The linear methods run the optimiser of ``secvfl reproduce saddle``, built by the same function
+(:func:`secvfl.algorithms.saddle_methods.build_method`: same step sizes, same ``mu``), on parties built by the same
+:func:`secvfl.algorithms.saddle.build_federation`. The model is linear (logistic for 2 classes, softmax otherwise, or
+``--saddle-loss squared``) on the run's standardised features plus an intercept (a column of ones held by the first
+feature party: centred features have no other way to express the class prior), full batch by default; one "epoch"
+is ``--saddle-iters`` iterations (default 100). The logged training loss is the label party's mean loss
+``l(sum_k A_k x_k)`` at the points it received during the epoch (the regulariser not included). ``eg-mlp``
+(:mod:`secvfl.algorithms.saddle_mlp`) trains MLP bottom models (``--hidden``) with stochastic EG, one epoch = one
+pass of ``--batch-size`` batches; ``--optimizer``/``--lr`` step the model parameters as for every neural algorithm
+(default adam, 1e-3: ExtraAdam; ``--optimizer sgd --lr 0.05`` is plain EG).
 
 Flags (they join through the protocol-plugin mechanism, like the missing-feature flags, and add no layer):
 ``--saddle-mu`` (L2 regularisation, default 1e-3, or ``--weight-decay`` when given), ``--saddle-step
 scaled|theory``, ``--saddle-step-mult``, ``--saddle-participation P``, ``--saddle-batch B`` (0: full batch),
 ``--saddle-iters``, ``--saddle-loss``, ``--admm-rho`` (in units of 1/N).
 
-Evaluation: the feature parties send ``A_k x_k`` of the evaluated split to the label party (counted, like any
-prediction traffic), which computes the metrics.
+Bytes. A value costs ``s`` bytes on the wire (4 with ``--dtype float32``, the default; 8 with float64; the parties
+compute in float64 either way). With ``K`` feature parties, ``B`` rows per iteration (``N``, the training rows, full
+batch; ``--saddle-batch B`` otherwise) and ``C`` model outputs (1 for a binary task, the classes for softmax), one
+communication round is ``K`` forward ``logits`` messages (``A_k x_k``, ``B x C``) and ``K`` backward ``gradient``
+messages (``lambda``, or ``grad l`` for gd/nesterov, the residual for admm; ``B x C``), i.e. ``2 K B C s`` bytes
+plus one header per message. EG needs two rounds per iteration, gd/nesterov/admm one::
+
+    eg: 4 K B C s + headers per iteration        gd, nesterov, admm: 2 K B C s + headers per iteration
+
+(with ``--saddle-participation`` only the participating parties' messages). Once per run (eg/gd/nesterov, not
+repeated on resume): the power iteration for ``lambda_max``, at most 100 rounds of ``2 K`` ``control`` messages of
+``N`` values. Each evaluation (validation after every epoch, test at the end): ``K`` ``logits`` messages of
+``N_split x C`` values. a9a, 5 parties: N = 29305, C = 1, so one EG iteration is 2.34 MB plus 20 headers.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,16 +48,11 @@ from secvfl.algorithms.saddle import (
     BACKWARD_KIND,
     FORWARD_KIND,
     LABEL,
-    ExtraGradient,
     LinearAlgorithm,
-    LinearFeatureParty,
-    LinearFederation,
-    LinearLabelParty,
-    StepSizes,
-    make_loss,
+    build_federation,
     power_lambda_max,
 )
-from secvfl.algorithms.saddle_baselines import ADMM, GradientDescent, Nesterov, smoothness
+from secvfl.algorithms.saddle_methods import LINEAR_METHODS, build_method
 from secvfl.errors import ConfigError, UnsupportedError
 from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
@@ -48,8 +60,7 @@ from secvfl.transport.network import Network
 
 __all__ = ["LinearSaddleTrainer", "SaddleMLPTrainer", "SaddleFlags", "SADDLE_ALGOS"]
 
-SADDLE_ALGOS = ("eg", "gd", "nesterov", "admm", "eg-mlp")
-_LINEAR = ("eg", "gd", "nesterov", "admm")
+SADDLE_ALGOS = (*LINEAR_METHODS, "eg-mlp")
 
 
 def _traits(name: str) -> AlgorithmTraits:
@@ -83,37 +94,37 @@ class LinearSaddleTrainer(Algorithm):
         cfg, data, part = ctx.config, ctx.data, ctx.partition
         mu = cfg.option("saddle_mu")
         mu = float(mu) if mu is not None else (cfg.weight_decay if cfg.weight_decay > 0 else 1e-3)
-        loss = make_loss(_loss_name(ctx))
-        n_out = loss.outputs(data.n_classes)
-        splits = {s: np.asarray(getattr(data, f"X_{s}"), dtype=np.float64) for s in ("train", "val", "test")}
-        features = [
-            LinearFeatureParty(f"party{k}", {s: part.take(X, k) for s, X in splits.items()}, n_out, mu)
-            for k in range(part.n_blocks)
-        ]
-        labels = {s: np.asarray(getattr(data, f"y_{s}")) for s in ("train", "val", "test")}
-        label = LinearLabelParty(LABEL, labels, loss, data.n_classes)
-        self.fed = LinearFederation(net, features, label, mu)
+        # the run's features are standardised (centred), hence the intercept; see build_federation
+        self.fed = build_federation(data.X_train, data.y_train, data.X_test, data.y_test, val=(data.X_val, data.y_val),
+                                    blocks=part.blocks, loss=_loss_name(ctx), mu=mu, n_classes=data.n_classes,
+                                    net=net, intercept=True, wire_dtype=ctx.dtype)
         self.iters = int(cfg.option("saddle_iters") or 100)
-        self.method = self._make(cfg)
+        self._method: LinearAlgorithm | None = None
+        self._counters = {"t": 0, "round": 0, "avg_count": 0}
 
-    def _make(self, cfg: Any) -> LinearAlgorithm:
-        fed = self.fed
-        mult = float(cfg.option("saddle_step_mult") or 1.0)
-        if self.name == "admm":
-            return ADMM(fed, rho=float(cfg.option("admm_rho") or 1.0) / fed.n, seed=cfg.seed)
-        lam_max = power_lambda_max(fed, seed=cfg.seed)  # setup traffic, counted in the run's bytes
-        if self.name == "gd":
-            return GradientDescent(fed, smoothness(fed, lam_max), step_multiplier=mult, seed=cfg.seed)
-        if self.name == "nesterov":
-            return Nesterov(fed, smoothness(fed, lam_max), step_multiplier=mult, seed=cfg.seed)
-        L_l = fed.label.smoothness
-        if (cfg.option("saddle_step") or "scaled") == "theory":
-            steps = StepSizes.theory(lam_max, fed.mu, L_l).scale(mult)
-        else:
-            steps = StepSizes.scaled(lam_max, fed.mu, L_l, mult)
-        batch = int(cfg.option("saddle_batch") or 0) or None
-        return ExtraGradient(fed, steps, participation=float(cfg.option("saddle_participation") or 1.0),
-                             batch_size=batch, seed=cfg.seed)
+    @property
+    def method(self) -> LinearAlgorithm:
+        """The optimiser, built at first use. ``lambda_max`` (eg/gd/nesterov) comes from the power iteration, setup
+        traffic counted in the run's bytes; the label party keeps it with its state, so a resumed run, which builds
+        the optimiser after restoring the parties, neither repeats nor recounts that traffic."""
+        if self._method is None:
+            cfg, lab = self.cfg, self.fed.label
+            if self.name != "admm" and "lambda_max" not in lab.vars:
+                lab.vars["lambda_max"] = np.array(power_lambda_max(self.fed, seed=cfg.seed))
+            self._method = build_method(
+                self.fed, self.name, lam_max=float(lab.vars["lambda_max"]) if "lambda_max" in lab.vars else None,
+                step=cfg.option("saddle_step") or "scaled", multiplier=float(cfg.option("saddle_step_mult") or 1.0),
+                participation=float(cfg.option("saddle_participation") or 1.0),
+                batch_size=int(cfg.option("saddle_batch") or 0) or None,
+                admm_rho=float(cfg.option("admm_rho") or 1.0), seed=cfg.seed)
+            self._set_counters(self._method, self._counters)
+        return self._method
+
+    @staticmethod
+    def _set_counters(method: LinearAlgorithm, counters: dict[str, int]) -> None:
+        method.t, method.round = int(counters["t"]), int(counters["round"])
+        if hasattr(method, "_avg_count"):
+            method._avg_count = int(counters["avg_count"])
 
     def batches_per_epoch(self) -> int:
         return self.iters
@@ -135,9 +146,9 @@ class LinearSaddleTrainer(Algorithm):
             return {}
         n = self.fed.features[0].rows(split)
         meta = {"rows": {"s": split, "range": [0, n]}, "eval": True}
-        msgs = [Message(FORWARD_KIND, p.name, LABEL, self.method.round, {"value": torch.from_numpy(p.output(split=split))},
+        msgs = [Message(FORWARD_KIND, p.name, LABEL, self.method.round, {"value": self.fed.wire(p.output(split=split))},
                         meta=meta) for p in self.fed.features]
-        z = self.net.aggregate(msgs, LABEL, "sum").tensor("value").numpy().astype(np.float64)
+        z = self.net.aggregate(msgs, LABEL, "sum").tensor("value").to(torch.float64).numpy()
         lab = self.fed.label
         return classification_metrics(lab.labels(split), lab.loss.proba(z))
 
@@ -145,15 +156,16 @@ class LinearSaddleTrainer(Algorithm):
         return {**{p.name: p for p in self.fed.features}, LABEL: self.fed.label}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "t": self.method.t, "round": self.method.round,
-                "avg_count": getattr(self.method, "_avg_count", 0)}
+        m = self._method
+        counters = self._counters if m is None else {"t": m.t, "round": m.round,
+                                                     "avg_count": getattr(m, "_avg_count", 0)}
+        return {**super().state_dict(), **counters}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.method.t = int(state.get("t", 0))
-        self.method.round = int(state.get("round", 0))
-        if hasattr(self.method, "_avg_count"):
-            self.method._avg_count = int(state.get("avg_count", 0))
+        self._counters = {k: int(state.get(k, 0)) for k in ("t", "round", "avg_count")}
+        if self._method is not None:
+            self._set_counters(self._method, self._counters)
 
 
 @ALGORITHMS.register("eg")
@@ -205,7 +217,8 @@ class SaddleMLPTrainer(Algorithm):
                   for k in range(part.n_blocks)]
         labels = {s: np.asarray(getattr(data, f"y_{s}")) for s in ("train", "val", "test")}
         self.algo = build_mlp_saddle(net, blocks, labels, data.n_classes, hidden=cfg.hidden, loss=_loss_name(ctx),
-                                     lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=cfg.weight_decay, seed=cfg.seed)
+                                     optimizer=cfg.optimizer, lr=cfg.lr, batch_size=cfg.batch_size,
+                                     weight_decay=cfg.weight_decay, seed=cfg.seed, dtype=ctx.dtype)
 
     def batches_per_epoch(self) -> int:
         return -(-self.ctx.rows("train") // self.cfg.batch_size)
@@ -228,6 +241,14 @@ class SaddleMLPTrainer(Algorithm):
     def parties(self) -> dict[str, object]:
         return {**{p.name: p for p in self.algo.features}, LABEL: self.algo.label}
 
+    def state_dict(self) -> dict:
+        # the message step counter (evaluations advance it too): a resumed run's headers, hence bytes, match
+        return {**super().state_dict(), "message_step": self.algo.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.algo.step = int(state.get("message_step", self.step))
+
 
 class SaddleFlags(ProtocolPlugin):
     """``secvfl train`` flags of the saddle-point family; validated here, read by the trainers."""
@@ -241,15 +262,17 @@ class SaddleFlags(ProtocolPlugin):
                             help="eg: block step sizes (scaled, default) or the single theory step "
                                  "1/2 min{1, 1/sqrt(lambda_max), 1/L_r, 1/L_l}")
         parser.add_argument("--saddle-step-mult", type=float, default=None,
-                            help="eg/gd/nesterov: multiply the step sizes (tuning)")
+                            help="eg/gd/nesterov: multiply the step sizes (tuning; default 1)")
         parser.add_argument("--saddle-participation", type=float, default=None,
                             help="eg: probability that a feature party takes part in an iteration (default 1)")
         parser.add_argument("--saddle-batch", type=int, default=None,
                             help="eg: rows per iteration for stochastic mini-batch EG (default: full batch)")
         parser.add_argument("--saddle-iters", type=int, default=None,
-                            help="eg/gd/nesterov/admm: iterations per epoch (default 100)")
+                            help="eg/gd/nesterov/admm: iterations per epoch (default 100; these linear methods use "
+                                 "the saddle flags, not --lr/--optimizer/--batch-size)")
         parser.add_argument("--saddle-loss", choices=("auto", "logistic", "softmax", "squared"), default=None,
-                            help="saddle family: loss (auto: logistic for 2 classes, softmax otherwise)")
+                            help="saddle family: loss (default auto: logistic for 2 classes, softmax otherwise); "
+                                 "the linear model has an intercept")
         parser.add_argument("--admm-rho", type=float, default=None, help="admm: penalty rho in units of 1/N (default 1)")
 
     def configure(self, cfg: Any, traits: AlgorithmTraits, ctx: Any) -> ProtocolSetup | None:
@@ -258,13 +281,16 @@ class SaddleFlags(ProtocolPlugin):
         if given and traits.name not in SADDLE_ALGOS:
             flags = ", ".join("--" + g.replace("_", "-") for g in given)
             raise UnsupportedError(f"{flags}: only for --algo {'/'.join(SADDLE_ALGOS)}, not {traits.name}")
-        checks = {"saddle_mu": lambda v: v >= 0, "saddle_step_mult": lambda v: v > 0,
-                  "saddle_participation": lambda v: 0 < v <= 1, "saddle_batch": lambda v: v >= 0,
-                  "saddle_iters": lambda v: v >= 1, "admm_rho": lambda v: v > 0}
-        for key, ok in checks.items():
+        checks = {"saddle_mu": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+                  "saddle_step_mult": (lambda v: 0 < v < math.inf, "a finite number > 0"),
+                  "saddle_participation": (lambda v: 0 < v <= 1, "in (0, 1]"),
+                  "saddle_batch": (lambda v: v >= 0, "an integer >= 0 (0: full batch)"),
+                  "saddle_iters": (lambda v: v >= 1, "an integer >= 1"),
+                  "admm_rho": (lambda v: 0 < v < math.inf, "a finite number > 0")}
+        for key, (ok, what) in checks.items():
             v = cfg.option(key)
             if v is not None and not ok(v):
-                raise ConfigError(f"--{key.replace('_', '-')} has an invalid value {v}")
+                raise ConfigError(f"--{key.replace('_', '-')} must be {what}, got {v}")
         if cfg.option("admm_rho") is not None and traits.name != "admm":
             raise UnsupportedError("--admm-rho applies to --algo admm only")
         eg_only = [f for f in ("saddle_step", "saddle_participation", "saddle_batch") if cfg.option(f) is not None]

@@ -31,26 +31,20 @@ import scipy.sparse as sp
 
 from protocols.compression import CompressionLayer
 from secvfl.algorithms.saddle import (
-    ExtraGradient,
     LinearAlgorithm,
     LinearFederation,
     Monitor,
-    StepSizes,
     Trace,
     build_federation,
     power_lambda_max,
     tune_multiplier,
 )
-from secvfl.algorithms.saddle_baselines import (
-    ADMM,
-    GradientDescent,
-    Nesterov,
-    centralised_optimum,
-    smoothness,
-)
+from secvfl.algorithms.saddle_baselines import centralised_optimum
+from secvfl.algorithms.saddle_methods import build_method
 from secvfl.cli.registries import REPRODUCTIONS
 from secvfl.errors import ConfigError
 from secvfl.io import write_json_atomic, write_text_atomic
+from secvfl.rundir import runs_root
 
 __all__ = ["SaddleSetting", "SETTINGS", "METHODS", "Problem", "load_problem", "run_experiment", "markdown_table",
            "plot_traces", "summarise"]
@@ -158,21 +152,12 @@ def _federation(problem: Problem, setting: SaddleSetting, compress: str | None =
 
 def _build(method: Method, problem: Problem, setting: SaddleSetting, lam_max: float,
            multiplier: float = 1.0) -> LinearAlgorithm:
+    """The method as ``secvfl train --algo KIND`` builds it (one builder), on this setting's federation; for ADMM
+    ``multiplier`` is rho in units of 1/N."""
     fed = _federation(problem, setting, method.compress)
-    if method.kind == "gd":
-        return GradientDescent(fed, smoothness(fed, lam_max))
-    if method.kind == "nesterov":
-        return Nesterov(fed, smoothness(fed, lam_max))
-    if method.kind == "admm":
-        return ADMM(fed, rho=multiplier / fed.n)
-    if method.kind == "eg":
-        L_l = fed.label.smoothness
-        if method.step == "theory":
-            steps = StepSizes.theory(lam_max, fed.mu, L_l)
-        else:
-            steps = StepSizes.scaled(lam_max, fed.mu, L_l, multiplier)
-        return ExtraGradient(fed, steps, participation=method.participation, seed=0)
-    raise ConfigError(f"unknown method kind {method.kind!r}")
+    admm = method.kind == "admm"
+    return build_method(fed, method.kind, lam_max=lam_max, step=method.step, multiplier=1.0 if admm else multiplier,
+                        admm_rho=multiplier if admm else 1.0, participation=method.participation, seed=0)
 
 
 def run_method(
@@ -444,9 +429,10 @@ class SaddleReproduction:
             "on a9a / w8a / mushrooms / mnist; suboptimality and test accuracy vs iterations and floats")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dataset", default="a9a", choices=sorted(SETTINGS))
+        p.add_argument("--dataset", default="a9a", choices=sorted(SETTINGS), help="the paper's setting to run")
         p.add_argument("--data-dir", default=None, help="folder of the real datasets (default $SECVFL_DATA_DIR)")
-        p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS))
+        p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS),
+                       help="methods compared")
         p.add_argument("--max-iters", type=int, default=None, help="override the setting's iteration cap")
         p.add_argument("--n-train", type=int, default=None, help="subsample training rows (stratified)")
         p.add_argument("--mu", type=float, default=None, help="L2 regularisation (default per dataset)")
@@ -458,7 +444,7 @@ class SaddleReproduction:
 
         torch.set_num_threads(1)
         data_dir = args.data_dir or os.environ.get("SECVFL_DATA_DIR")
-        out_dir = args.out_dir or Path("runs") / f"reproduce-saddle-{args.dataset}"
+        out_dir = args.out_dir or runs_root() / f"reproduce-saddle-{args.dataset}"
         result = run_experiment(args.dataset, data_dir, out_dir, methods=args.methods, max_iters=args.max_iters,
                                 n_train=args.n_train, mu=args.mu)
         return {k: v for k, v in result.items() if k != "traces"}
