@@ -40,6 +40,9 @@ class ProtocolSetup:
     summary: dict[str, Any] | Callable[[], dict[str, Any]] = field(default_factory=dict)
     # Called at the end with the run directory (or None); may write files and return text to print.
     on_finish: list[Callable[[Path | None], str | None]] = field(default_factory=list)
+    # Called with the finished run's summary (test metrics included) before it is written; may add entries to it
+    # (e.g. differential privacy's warning when the model's utility collapsed).
+    on_summary: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
 
 
 class ProtocolPlugin(ABC):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -19,17 +20,24 @@ def test_train_prints_the_statement_and_writes_privacy_md(tmp_path, capsys) -> N
     rc = main(["train", *SMALL, "--privacy", "dp", "--epsilon", "3", "--no-progress", "--out", str(tmp_path / "r")])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "Privacy guarantee (splitnn): label differential privacy with epsilon = 3" in out
+    # binary task: auto chooses randomized response and says so
+    assert "Privacy guarantee (splitnn): label differential privacy by randomized response, epsilon = 3" in out
+    assert "Mechanism chosen by --dp-mechanism auto (the default): randomized response, because" in out
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert summary["privacy"]["epsilon"] <= 3.0
-    assert (tmp_path / "r" / "PRIVACY.md").exists()
+    assert summary["privacy"]["mechanism"] == "rr" and summary["privacy"]["epsilon"] == pytest.approx(3.0)
+    assert "binary" in summary["privacy"]["auto_reason"]
+    md = (tmp_path / "r" / "PRIVACY.md").read_text()
+    # the attacker's ceiling, e^3 / (1 + e^3), next to the attacks measured against randomized response at epsilon 3
+    ceiling = math.exp(3) / (1 + math.exp(3))
+    section = md.split("## What an attacker can still infer", 1)[1].split("## Parameters", 1)[0]
+    assert f"= {ceiling:.3f}" in section and f"| 3 | 2 | direction scoring | AUC 0.942 | {ceiling:.3f} |" in section
 
 
 @pytest.mark.parametrize(
     "flags, message",
     [
         (["--privacy", "dp", "--epsilon", "0"], "--epsilon must be > 0"),
-        (["--privacy", "dp", "--epsilon", "3", "--delta", "0.5"], "not below 1/N"),
+        (["--privacy", "dp", "--epsilon", "3", "--dp-mechanism", "gradient", "--delta", "0.5"], "not below 1/N"),
         (["--privacy", "dp", "--epsilon", "3", "--dp-clip-norm", "0"], "clip-norm"),
         (["--epsilon", "3"], "--privacy dp"),
         (["--algo", "local", "--privacy", "dp", "--epsilon", "3"], "label DP cannot protect"),
@@ -42,30 +50,50 @@ def test_train_refuses_with_a_clear_message(flags: list[str], message: str, caps
     assert err.startswith("secvfl: error:") and message in err
 
 
-def test_privacy_sweep_writes_json_and_plot(tmp_path, capsys) -> None:
-    rc = main(["privacy-sweep", *SMALL, "--epsilons", "1", "inf", "--seeds", "0", "1", "--mechanisms", "gradient", "rr",
+def test_privacy_sweep_writes_json_plot_and_table(tmp_path, capsys) -> None:
+    rc = main(["privacy-sweep", *SMALL, "--epochs", "2", "--epsilons", "1", "inf", "--seeds", "0", "1",
                "--out", str(tmp_path)])
     assert rc == 0
     result = json.loads((tmp_path / "sweep.json").read_text())
-    assert [c["mechanism"] for c in result["curves"]] == ["gradient", "rr"]
+    assert [c["mechanism"] for c in result["curves"]] == ["gradient", "rr", "rr-prior", "alibi"]  # all, by default
     for curve in result["curves"]:
         (point,) = curve["points"]
         assert point["epsilon"] == 1.0 and point["private"] and len(point["values"]) == 2
         assert all(r["privacy"]["epsilon"] <= 1.0 and r["privacy"]["mechanism"] == curve["mechanism"]
                    for r in point["runs"])
+        assert point["mean"] == pytest.approx(statistics.fmean(r["test"]["auc"] for r in point["runs"]))
     assert result["metric"] == "auc" and not result["non_private"]["private"]
     assert all(r["privacy"] is None for r in result["non_private"]["runs"])
+    assert result["auto_mechanism"] == [{"epsilon": 1.0, "mechanism": "rr"}]  # binary task
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (tmp_path / "sweep.md").read_text()
+    rr = next(c for c in result["curves"] if c["mechanism"] == "rr")["points"][0]
+    cell = f"{rr['mean']:.3f} ± {rr['std']:.3f} ({rr['mean'] - result['non_private']['mean']:+.3f})"
+    assert f"| rr | {cell}" in table and f"| **auto (default)** | {cell}" in table and cell + " = rr |" in table
+    assert table in capsys.readouterr().out
 
 
-def test_bench_dp_reports_ratios(tmp_path, capsys) -> None:
+def test_privacy_sweep_refuses_rr_prior_with_one_epoch(tmp_path, capsys) -> None:
+    rc = main(["privacy-sweep", *SMALL, "--epsilons", "1", "--mechanisms", "rr-prior", "--out", str(tmp_path)])
+    assert rc == 2 and "needs --epochs >= 2 (got 1)" in capsys.readouterr().err
+    assert not (tmp_path / "sweep.json").exists()
+
+
+def test_bench_dp_times_each_configuration_with_its_own_mechanism(tmp_path, capsys) -> None:
     out = tmp_path / "b.json"
-    rc = main(["bench", "dp", "--datasets", "breast_cancer", "--repeats", "1", "--batch-size", "64",
-               "--mechanisms", "none", "labels-gradient", "features", "--out", str(out)])
+    rc = main(["bench", "dp", "--datasets", "breast_cancer", "--repeats", "3", "--batch-size", "64",
+               "--mechanisms", "none", "labels-gradient", "labels-rr-prior", "features", "--out", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())["results"]["breast_cancer"]
-    assert r["none"]["ratio_to_no_dp"] == 1.0
-    assert r["labels-gradient"]["epoch_seconds"] > 0 and r["features"]["ratio_to_no_dp"] > 0
+    # each row timed the configuration it names: the DP layer of the built run says what it installed
+    assert r["none"]["dp"] is None
+    assert r["labels-gradient"]["dp"] == {"mechanism": "gradient", "protects": "labels", "epsilon": pytest.approx(3.0, rel=1e-3)}
+    assert r["labels-rr-prior"]["dp"]["mechanism"] == "rr-prior"
+    assert r["features"]["dp"]["protects"] == "features"
+    for row in r.values():  # the reported median and ratio are those of the timed epochs
+        assert len(row["epochs_timed"]) == 3
+        assert row["epoch_seconds"] == pytest.approx(statistics.median(row["epochs_timed"]), abs=1e-4)
+        assert row["ratio_to_no_dp"] == pytest.approx(row["epoch_seconds"] / r["none"]["epoch_seconds"], rel=0.01)
 
 
 def test_epsilon_lower_bound_on_known_distributions() -> None:

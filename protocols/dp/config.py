@@ -16,10 +16,34 @@ from protocols.dp.label_dp import clip_mode_for
 from protocols.dp.mechanisms import FEATURE_NEIGHBOURING, LABEL_NEIGHBOURING, release_sensitivity
 from secvfl.errors import ConfigError, UnsupportedError
 
-__all__ = ["DPConfig", "DPPlan", "plan_dp", "default_delta", "MECHANISMS", "PROTECTS"]
+__all__ = [
+    "DPConfig",
+    "DPPlan",
+    "plan_dp",
+    "default_delta",
+    "MECHANISMS",
+    "MECHANISM_WORDS",
+    "LABEL_RELEASE_MECHANISMS",
+    "PROTECTS",
+]
 
-MECHANISMS = ("gradient", "rr")
+MECHANISMS = ("gradient", "rr", "rr-prior", "alibi")
+# Mechanisms that release each training label once, before it is used (pure epsilon-DP, no accountant, no noise
+# multiplier); everything after the release is post-processing.
+LABEL_RELEASE_MECHANISMS = ("rr", "rr-prior", "alibi")
 PROTECTS = ("labels", "features")
+
+
+MECHANISM_WORDS = {
+    "gradient": "the gradient mechanism",
+    "rr": "randomized response",
+    "rr-prior": "randomized response with a prior",
+    "alibi": "ALIBI",
+}
+
+
+# Larger multipliers overflow the accountants' floating point (alpha / (2 sigma^2) underflows to 0 long before).
+MAX_NOISE_MULTIPLIER = 1e6
 
 
 def default_delta(n_train: int) -> float:
@@ -42,7 +66,8 @@ class DPConfig:
     accountant: str = "rdp"
     reproducible: bool = False
     head_weight: float = 1.0
-    rr_prior: bool = False  # rr: two-stage randomized response with a learned prior (Ghazi et al. 2021)
+    stage1_fraction: float = 0.5  # rr-prior: share of the training rows randomised in stage 1 (Ghazi et al. 2021)
+    auto_reason: str | None = None  # set when --dp-mechanism auto chose the mechanism: why
 
 
 @dataclass
@@ -98,6 +123,7 @@ class DPPlan:
             "n_train": self.n_train,
             "subsampling_amplification": False,
             "target_epsilon": c.epsilon,
+            "auto_reason": c.auto_reason,
             "notes": list(self.notes),
         }
 
@@ -143,6 +169,8 @@ def plan_dp(
             raise ConfigError("--epsilon inf means no privacy; use --privacy none for a non-private run")
     if c.epsilon is None and c.noise_multiplier is None:
         raise ConfigError("--privacy dp needs --epsilon E (calibrates the noise) or --noise-multiplier S")
+    if not 0 < c.head_weight < math.inf:
+        raise ConfigError(f"--dp-head-weight must be a finite number > 0, got {c.head_weight}")
     if not c.clip_norm > 0 or not math.isfinite(c.clip_norm):
         raise ConfigError(f"--dp-clip-norm must be a finite number > 0, got {c.clip_norm}")
     if c.gradient_clip_norm is not None and not c.gradient_clip_norm > 0:
@@ -151,15 +179,22 @@ def plan_dp(
         raise ConfigError(f"--delta must be in [0, 1), got {c.delta}")
     notes: list[str] = []
 
-    if c.mechanism == "rr":
+    if c.mechanism in LABEL_RELEASE_MECHANISMS:
+        what = MECHANISM_WORDS[c.mechanism]
         if c.protects != "labels":
-            raise UnsupportedError("randomized response protects labels only; use --dp-mechanism gradient for features")
+            raise UnsupportedError(f"{what} protects labels only; use --dp-mechanism gradient for features")
         if c.noise_multiplier is not None:
-            raise UnsupportedError("--noise-multiplier has no meaning for randomized response (it adds no Gaussian noise)")
+            raise UnsupportedError(f"--noise-multiplier has no meaning for {what} (it is calibrated by --epsilon alone)")
         if c.epsilon is None:
-            raise ConfigError("randomized response needs --epsilon")
+            raise ConfigError(f"{what} needs --epsilon")
+        if c.mechanism == "rr-prior":
+            if not 0 < c.stage1_fraction < 1:
+                raise ConfigError(f"--dp-stage1-fraction must be strictly between 0 and 1, got {c.stage1_fraction}")
+            if epochs < 2:
+                raise ConfigError(f"{what} trains in two stages and needs --epochs >= 2 (got {epochs}); raise --epochs "
+                                  "or use --dp-mechanism rr")
         if c.delta:
-            notes.append(f"randomized response is pure epsilon-DP: the requested delta {c.delta:g} is not needed (0)")
+            notes.append(f"{what} is pure epsilon-DP: the requested delta {c.delta:g} is not needed (0)")
         return DPPlan(
             c, n_train, epochs, batch_size, 1, 0.0, None, float(c.epsilon),
             "pure",
@@ -190,8 +225,9 @@ def plan_dp(
         return GaussianEvent(s, releases)
 
     if c.noise_multiplier is not None:
-        if not c.noise_multiplier > 0 or not math.isfinite(c.noise_multiplier):
-            raise ConfigError(f"--noise-multiplier must be a finite number > 0, got {c.noise_multiplier}")
+        if not 0 < c.noise_multiplier <= MAX_NOISE_MULTIPLIER:
+            raise ConfigError(f"--noise-multiplier must be in (0, {MAX_NOISE_MULTIPLIER:g}], got {c.noise_multiplier} "
+                              "(beyond that the noise drowns every signal and epsilon is 0 to any precision)")
         sigma = float(c.noise_multiplier)
         eps = epsilon_of(event(sigma), delta, c.accountant)
         if c.epsilon is not None and eps > c.epsilon:

@@ -3,13 +3,21 @@
 What each setting installs (threat models in :mod:`protocols.dp.label_dp`, :mod:`protocols.dp.rr`,
 :mod:`protocols.dp.feature_dp`):
 
-``--dp-protect labels --dp-mechanism gradient`` (default)
+``--dp-mechanism auto`` (default)
+    the label mechanism with the best measured utility for the task (:func:`protocols.dp.choice.choose_mechanism`).
+``--dp-protect labels --dp-mechanism gradient``
     the label party's backward rule becomes :class:`LabelDPRule` (joint per-sample clipping of the cut-layer rows
     and the head gradient, one calibrated Gaussian); the :class:`DPLayer` refuses any gradient message that leaves
     the label party without having gone through it.
 ``--dp-protect labels --dp-mechanism rr``
     the label party replaces its training labels once, before training, by randomized response; the layer keeps
     the randomised labels in its state so a resumed run reuses them instead of spending epsilon again.
+``--dp-protect labels --dp-mechanism rr-prior``
+    randomized response with a prior learned in two stages (:mod:`protocols.dp.staged`): part 1's labels by RR before
+    training, part 2's by RRWithPrior when stage 2 starts, the prior being the stage-1 model's prediction.
+``--dp-protect labels --dp-mechanism alibi``
+    ALIBI (:mod:`protocols.dp.alibi`): each label's one-hot vector plus Laplace noise, once, before training; the label
+    party trains on the Bayesian posteriors (:class:`protocols.dp.targets.TargetBackward`).
 ``--dp-protect features``
     every protected feature party clips and noises each training embedding row it releases and trains its bottom
     model with DP-SGD (:class:`FeatureDP`); the layer refuses an embedding message from it that bypassed that.
@@ -28,12 +36,17 @@ import numpy as np
 import torch
 
 from protocols.base import AlgorithmTraits, Layer, Role
-from protocols.dp.config import DPConfig, DPPlan, plan_dp
+from protocols.dp.alibi import alibi_soft_labels
+from protocols.dp.choice import GRADIENT_ONLY_FLAGS, choose_mechanism
+from protocols.dp.collapse import chance_accuracy, utility_collapse
+from protocols.dp.config import LABEL_RELEASE_MECHANISMS, MECHANISM_WORDS, DPConfig, DPPlan, plan_dp
 from protocols.dp.feature_dp import FeatureDP
 from protocols.dp.label_dp import LabelDPRule
 from protocols.dp.rng import NoiseSource, make_noise_source
 from protocols.dp.rr import randomized_response
+from protocols.dp.staged import TwoStageRR, stage2_epoch_for, stage_split
 from protocols.dp.statement import privacy_markdown, privacy_statement, privacy_summary
+from protocols.dp.targets import TargetBackward
 from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import Message
@@ -59,6 +72,7 @@ DP_FLAGS = {
     "dp_head_weight": "--dp-head-weight",
     "dp_parties": "--dp-parties",
     "dp_denoise": "--dp-denoise",
+    "dp_stage1_fraction": "--dp-stage1-fraction",
 }
 
 
@@ -78,7 +92,7 @@ def dp_config_from_options(cfg: TrainConfig) -> DPConfig:
         return None if v is None else float(v)
 
     return DPConfig(
-        mechanism=o("dp_mechanism") or "gradient",
+        mechanism=o("dp_mechanism") or "auto",
         protects=o("dp_protect") or "labels",
         epsilon=num("epsilon"),
         delta=num("delta"),
@@ -89,6 +103,7 @@ def dp_config_from_options(cfg: TrainConfig) -> DPConfig:
         accountant=o("dp_accountant") or "rdp",
         reproducible=bool(o("dp_reproducible")),
         head_weight=float(o("dp_head_weight") if o("dp_head_weight") is not None else 1.0),
+        stage1_fraction=float(o("dp_stage1_fraction") if o("dp_stage1_fraction") is not None else 0.5),
     )
 
 
@@ -106,6 +121,11 @@ class DPLayer(Layer):
         self.feature_released: dict[str, int] = {}  # party -> step of its last DP-processed output
         self.rr_labels: np.ndarray | None = None
         self.rr_install = None  # callable(labels) installing randomized labels at the label party
+        # rr-prior and alibi: the label party trains on released targets through this rule
+        self.targets_rule: TargetBackward | None = None
+        self.targets_install = None  # callable(targets) installing released targets at the label party
+        self.staged: TwoStageRR | None = None  # rr-prior's stages
+        self.alibi_targets: np.ndarray | None = None  # alibi's released soft labels
 
     # -- validity ---------------------------------------------------------------------------------------------
     def check(self, traits: AlgorithmTraits) -> list[str]:
@@ -136,6 +156,13 @@ class DPLayer(Layer):
                         "refusing to release them"
                     )
                 self.rule.pending_release = False
+        if self.targets_rule is not None and role == Role.LABEL and any(m.kind == "gradient" for m in messages):
+            if not self.targets_rule.pending_release:
+                raise ProtocolError(
+                    f"label DP: gradient messages from {party} were not computed from the released labels; "
+                    "refusing to release them"
+                )
+            self.targets_rule.pending_release = False
         if self.plan.protects == "features" and party in self.features:
             for m in messages:
                 # every output message must belong to the step the party's DP forward last released
@@ -151,7 +178,36 @@ class DPLayer(Layer):
             d.update(self.rule.describe())
         if self.features:
             d["feature_parties"] = {p: f.describe() for p, f in self.features.items()}
+        if self.targets_rule is not None:
+            d.update(self.targets_rule.describe())
+        if self.staged is not None:
+            d["stages"] = self.staged.describe()
         return d
+
+    def mechanism_state(self) -> dict[str, Any]:
+        """What the label-release mechanisms (rr-prior, alibi) have released: a resumed run reuses it instead of
+        releasing the labels again (which would spend epsilon twice). Released values only, never true labels."""
+        state: dict[str, Any] = {}
+        if self.staged is not None:
+            state["rr_prior"] = self.staged.state_dict()
+        if self.alibi_targets is not None:
+            state["alibi_targets"] = self.alibi_targets.tolist()
+        if self.targets_rule is not None:
+            state["targets_rule"] = self.targets_rule.describe()
+        return state
+
+    def load_mechanism_state(self, state: dict[str, Any]) -> None:
+        if "rr_prior" in state and self.staged is not None:
+            self.staged.load_state_dict(state["rr_prior"])
+            if self.targets_install is not None:
+                self.targets_install(self.staged.likelihoods())
+        if "alibi_targets" in state:
+            self.alibi_targets = np.asarray(state["alibi_targets"], dtype=np.float64)
+            if self.targets_install is not None:
+                self.targets_install(self.alibi_targets)
+        if "targets_rule" in state and self.targets_rule is not None:
+            self.targets_rule.steps = int(state["targets_rule"]["steps"])
+            self.targets_rule.rows_trained = int(state["targets_rule"]["rows_trained"])
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
@@ -164,9 +220,38 @@ class DPLayer(Layer):
                              "clipped_rows": self.rule.clipped_rows}
             if self.rule.posterior is not None:
                 state["posterior"] = self.rule.posterior.state_dict()
+        state.update(self.mechanism_state())
+        # Where each noise stream stands, so a resumed --dp-reproducible run draws the noise an uninterrupted one
+        # would (a secure stream gets a fresh key in a new process; its position is kept only for the record).
+        state["noise"] = {purpose: source.state_dict() for purpose, source in self.noise_sources().items()}
+        state["noise_multiplier"] = self.plan.noise_multiplier
         return state
 
+    def noise_sources(self) -> dict[str, NoiseSource]:
+        """Every noise stream that draws during training, by purpose (checkpointed by position)."""
+        sources: dict[str, NoiseSource] = {}
+        if self.rule is not None:
+            sources["label-dp"] = self.rule.noise
+        for party, mech in self.features.items():
+            sources[f"feature-dp/{party}"] = mech.noise
+        return sources
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved, now = state.get("noise_multiplier"), self.plan.noise_multiplier
+        if saved is not None and now is not None and not math.isclose(float(saved), float(now), rel_tol=1e-9):
+            # --epsilon calibrates the noise for the configured epochs; more epochs would need more noise, and
+            # the epochs already trained had less: the run's guarantee would no longer hold.
+            raise ConfigError(
+                f"this DP run drew noise with multiplier {float(saved):.4g}, but its settings now call for "
+                f"{float(now):.4g} (--epsilon calibrates the noise for the planned --epochs, "
+                "so it cannot be trained longer); start a new run with the epochs you need, or use --noise-multiplier "
+                "(its epsilon is reported for however many epochs are run)"
+            )
+        sources = self.noise_sources()
+        for purpose, position in state.get("noise", {}).items():
+            if purpose in sources:
+                sources[purpose].load_state_dict(position)
+        self.load_mechanism_state(state)
         if "rr_labels" in state:
             self.rr_labels = np.asarray(state["rr_labels"], dtype=np.int64)
             if self.rr_install is not None:
@@ -232,9 +317,15 @@ class DPPlugin(ProtocolPlugin):
         p.add_argument("--dp-protect", choices=["labels", "features"], default=None,
                        help="labels (default): each label, from the feature parties; features: each feature row "
                             "of the protected parties, from everyone else")
-        p.add_argument("--dp-mechanism", choices=["gradient", "rr"], default=None,
-                       help="gradient (default): clipped, noised gradients + DP-SGD head; rr: randomized response "
-                            "on the labels before training (pure DP)")
+        p.add_argument("--dp-mechanism", choices=["auto", "gradient", "rr", "rr-prior", "alibi"], default=None,
+                       help="auto (default): the best measured for the task (binary: rr; multi-class: rr-prior, or "
+                            "rr when there are too few labels for a learned prior); "
+                            "gradient: noised label gradients; rr: randomized response on the labels before "
+                            "training; rr-prior: randomized response with a prior learned in two stages (Ghazi et al.); "
+                            "alibi: Laplace noise on one-hot labels, trained on the posterior (Malek et al.); "
+                            "rr, rr-prior and alibi are pure epsilon-DP")
+        p.add_argument("--dp-stage1-fraction", type=float, default=None,
+                       help="rr-prior: share of the training rows randomised in stage 1 (default 0.5)")
         p.add_argument("--dp-clip-norm", type=float, default=None,
                        help="per-sample joint L2 clip norm C (labels) or embedding-row clip (features); default 1")
         p.add_argument("--dp-grad-clip-norm", type=float, default=None,
@@ -264,8 +355,13 @@ class DPPlugin(ProtocolPlugin):
         config = dp_config_from_options(cfg)
         if config.epsilon is not None and math.isinf(config.epsilon):
             raise ConfigError("--epsilon inf means no privacy: run with --privacy none instead")
-        _refuse_inapplicable(cfg, config)
         n_classes = ctx.data.n_classes
+        if config.mechanism == "auto":
+            given = [DP_FLAGS[d] for d in DP_FLAGS if DP_FLAGS[d] in GRADIENT_ONLY_FLAGS and cfg.option(d) is not None]
+            config.mechanism, config.auto_reason = choose_mechanism(
+                protects=config.protects, n_classes=n_classes, epochs=cfg.epochs, epsilon=config.epsilon,
+                n_train=ctx.rows("train"), gradient_flags=given)
+        _refuse_inapplicable(cfg, config)
         plan = plan_dp(config, n_train=ctx.rows("train"), epochs=cfg.epochs, batch_size=cfg.batch_size,
                        loss="bce" if n_classes == 2 else "ce")
         if plan.clip_norm_unused and cfg.option("dp_clip_norm") is not None:
@@ -297,12 +393,24 @@ class DPPlugin(ProtocolPlugin):
                 s["released"] = layer.rule.describe()
                 # the guarantee assumes each training row is released at most `releases_per_sample` times
                 s["within_plan"] = layer.rule.rows_released <= plan.n_train * plan.releases_per_sample
+            if layer.targets_rule is not None:
+                s["released"] = layer.describe()
             if protected:
                 s["protected_parties"] = protected
             return {"privacy": s}
 
+        chance = chance_accuracy(ctx.data.y_test)
+        warnings: list[str] = []
+
+        def check_utility(run_summary: dict[str, Any]) -> None:
+            warning = utility_collapse(run_summary.get("metrics", {}).get("test", {}), chance, plan, n_classes)
+            if warning:
+                warnings.append(warning)
+                run_summary.setdefault("privacy", {})["utility_warning"] = warning
+
         def finish(run_dir: Path | None) -> str:
-            kw = {"algorithm": traits.name, "protected_parties": protected or None, "n_classes": n_classes}
+            kw = {"algorithm": traits.name, "protected_parties": protected or None, "n_classes": n_classes,
+                  "released": layer.describe()}
             seed = None if noise.secure else cfg.seed
             text = privacy_statement(plan, secure_rng=noise.secure, seed=seed, **kw)
             if layer.rule is not None and layer.rule.rows_released > plan.n_train * plan.releases_per_sample:
@@ -313,9 +421,10 @@ class DPPlugin(ProtocolPlugin):
 
                 write_text_atomic(Path(run_dir) / "PRIVACY.md",
                                   privacy_markdown(plan, secure_rng=noise.secure, seed=seed, **kw))
-            return text
+            return "\n".join([text, *warnings])
 
-        return ProtocolSetup(layers=[(20, layer)], attach=attach, summary=summary, on_finish=[finish])
+        return ProtocolSetup(layers=[(20, layer)], attach=attach, summary=summary, on_finish=[finish],
+                             on_summary=[check_utility])
 
 
 def _refuse_inapplicable(cfg: TrainConfig, config: DPConfig) -> None:
@@ -332,9 +441,11 @@ def _refuse_inapplicable(cfg: TrainConfig, config: DPConfig) -> None:
         problems.append("--dp-clip applies to --dp-protect labels --dp-mechanism gradient only")
     if o("dp_head_weight") is not None and not labels_gradient:
         problems.append("--dp-head-weight applies to --dp-protect labels --dp-mechanism gradient only")
-    if config.mechanism == "rr" and (o("dp_clip_norm") is not None or o("dp_accountant") is not None):
-        problems.append("randomized response has no clip norm and needs no accountant (it is pure epsilon-DP); drop "
-                        "--dp-clip-norm/--dp-accountant")
+    if config.mechanism in LABEL_RELEASE_MECHANISMS and (o("dp_clip_norm") is not None or o("dp_accountant") is not None):
+        problems.append(f"{MECHANISM_WORDS[config.mechanism]} has no clip norm and needs no accountant (it is pure "
+                        "epsilon-DP); drop --dp-clip-norm/--dp-accountant")
+    if o("dp_stage1_fraction") is not None and config.mechanism != "rr-prior":
+        problems.append("--dp-stage1-fraction applies to --dp-mechanism rr-prior only")
     if problems:
         raise ConfigError("; ".join(problems))
 
@@ -365,6 +476,8 @@ def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, c
                     return original_step(step, ids, *args, **kwargs)
 
                 lp.train_step = train_step
+        elif c.mechanism in ("rr-prior", "alibi"):
+            _attach_targets(algo, lp, layer, plan, noise, cfg, n_classes)
         else:
             true = lp.labels("train").cpu().numpy()
 
@@ -401,6 +514,47 @@ def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, c
         )
         layer.features[name] = mech
         fp.release_rule = FeatureDPRelease(mech, layer)
+
+
+def _attach_targets(
+    algo: Algorithm, lp: Any, layer: DPLayer, plan: DPPlan, noise: NoiseSource, cfg: TrainConfig, n_classes: int
+) -> None:
+    """rr-prior and alibi: the label party trains on released target distributions (:class:`TargetBackward`)."""
+    k = max(n_classes, 2)
+    true = lp.labels("train").cpu().numpy()
+    # alibi trains on its posteriors (cross-entropy); rr-prior on the likelihood of its randomised labels
+    rule = TargetBackward(likelihood=plan.mechanism == "rr-prior")
+
+    def install(targets: np.ndarray) -> None:
+        # the label party swaps its own training labels for the released targets
+        lp._y["train"] = torch.as_tensor(targets, dtype=lp.dtype, device=lp.device)
+
+    lp.backward_rule = rule
+    layer.targets_rule, layer.targets_install = rule, install
+    if plan.mechanism == "alibi":
+        layer.alibi_targets = alibi_soft_labels(true, k, plan.epsilon, noise.derive("alibi"))
+        install(layer.alibi_targets)
+        return
+    predict = getattr(algo, "predict_proba", None)
+    if predict is None:
+        raise UnsupportedError(f"randomized response with a prior needs the model's predictions on the training rows "
+                               f"for its second stage, and {algo.name} does not make them; use --dp-mechanism rr")
+    staged = TwoStageRR(true, k, plan.epsilon, stage_split(true.size, plan.config.stage1_fraction, cfg.seed),
+                        stage2_epoch_for(cfg.epochs))
+    staged.release_stage1(noise.derive("rr-prior/stage1"))
+    layer.staged = staged
+    install(staged.likelihoods())
+    stage2_noise = noise.derive("rr-prior/stage2")
+    train_epoch = algo.train_epoch
+
+    def staged_train_epoch(epoch: int, *args: Any, **kwargs: Any) -> Any:
+        if epoch >= staged.stage2_epoch and not staged.stage2_done:
+            # the stage-1 model's predicted distribution for each training row is the prior of its stage-2 label
+            staged.release_stage2(predict("train"), stage2_noise)
+            install(staged.likelihoods())
+        return train_epoch(epoch, *args, **kwargs)
+
+    algo.train_epoch = staged_train_epoch
 
 
 PROTOCOLS.add("dp", DPPlugin())

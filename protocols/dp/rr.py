@@ -44,14 +44,15 @@ def _check_eps(epsilon: float) -> None:
         raise ConfigError(f"randomized response needs a finite epsilon > 0, got {epsilon}")
 
 
-def _labels(labels: np.ndarray | torch.Tensor, n_classes: int) -> np.ndarray:
+def class_indices(labels: np.ndarray | torch.Tensor, n_classes: int, what: str = "randomized response") -> np.ndarray:
+    """``labels`` as an int64 array of class indices in [0, n_classes), checked for the mechanism ``what``."""
     y = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
     if y.ndim != 1:
-        raise DataError(f"randomized response needs a 1-D array of class indices, got shape {y.shape}")
+        raise DataError(f"{what} needs a 1-D array of class indices, got shape {y.shape}")
     if n_classes < 2:
-        raise ConfigError(f"randomized response needs at least 2 classes, got {n_classes}")
+        raise ConfigError(f"{what} needs at least 2 classes, got {n_classes}")
     if y.size and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= n_classes):
-        raise DataError(f"labels must be integers in [0, {n_classes}) for randomized response")
+        raise DataError(f"labels must be integers in [0, {n_classes}) for {what}")
     return y.astype(np.int64)
 
 
@@ -79,7 +80,7 @@ def rr_transition_matrix(epsilon: float, n_classes: int) -> np.ndarray:
 
 def randomized_response(labels: np.ndarray | torch.Tensor, n_classes: int, epsilon: float, rng: NoiseSource) -> np.ndarray:
     """``K``-ary randomized response on each label independently (``epsilon``-label-DP per sample)."""
-    y = _labels(labels, n_classes)
+    y = class_indices(labels, n_classes)
     # Compare against the (small) flip probability, not 1 - keep: no cancellation for large epsilon.
     flip = (n_classes - 1) * rr_other_probability(epsilon, n_classes)
     u = rng.uniform(y.size)
@@ -108,7 +109,7 @@ def rr_with_prior(
 ) -> np.ndarray:
     """RRWithPrior (Ghazi et al. 2021). ``priors[i]`` must not depend on sample ``i``'s own label."""
     p = np.asarray(priors, dtype=np.float64)
-    y = _labels(labels, p.shape[1] if p.ndim == 2 else 0)
+    y = class_indices(labels, p.shape[1] if p.ndim == 2 else 0)
     if p.shape[0] != y.size:
         raise DataError(f"{y.size} labels but {p.shape[0]} priors")
     order, k = rr_with_prior_set_sizes(p, epsilon)

@@ -11,10 +11,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from protocols.dp.accounting import ACCOUNTANTS
-from protocols.dp.config import DPPlan
+from protocols.dp.alibi import LAPLACE_TAIL_MASS
+from protocols.dp.config import LABEL_RELEASE_MECHANISMS, MECHANISM_WORDS, DPPlan
+from protocols.dp.measured import measured_attacks
 from protocols.dp.rr import rr_keep_probability
 
-__all__ = ["privacy_summary", "privacy_statement", "privacy_markdown"]
+__all__ = [
+    "privacy_summary",
+    "privacy_statement",
+    "privacy_markdown",
+    "inference_bound",
+    "inference_bound_words",
+    "inference_markdown",
+]
 
 _CLIP_WORDS = {
     "bce": "by clipping the label-independent Jacobian of the logit (binary cross-entropy), so a changed label moves "
@@ -86,21 +95,16 @@ def privacy_statement(
     algorithm: str | None = None,
     protected_parties: Sequence[str] | None = None,
     n_classes: int | None = None,
+    released: dict[str, Any] | None = None,
 ) -> str:
-    """One paragraph in plain words."""
+    """One paragraph in plain words. ``released``: the mechanism's account of what it released (rr-prior's stages)."""
     eps, delta = plan.epsilon, plan.delta
     algo = f" ({algorithm})" if algorithm else ""
-    if plan.mechanism == "rr":
-        k = n_classes or 2
-        keep = rr_keep_probability(eps, k)
+    if plan.mechanism in LABEL_RELEASE_MECHANISMS:
         text = (
-            f"Privacy guarantee{algo}: label differential privacy by randomized response, epsilon = {_num(eps)} "
-            f"(pure DP, delta = 0). Before training, the label party replaced each training label once by randomized "
-            f"response: it kept the true label with probability {keep:.4f} and otherwise reported one of the other "
-            f"{k - 1} class(es) uniformly at random"
-            + (", restricted to the most likely classes under a prior learned in an earlier stage from other samples "
-               "(Ghazi et al. 2021)" if plan.config.rr_prior else "")
-            + ". Training used only these randomized labels, so everything the feature parties saw and the trained "
+            f"Privacy guarantee{algo}: label differential privacy by {_RELEASE_NAMES[plan.mechanism]}, epsilon = "
+            f"{_num(eps)} (pure DP, delta = 0). " + _release_words(plan, n_classes or 2, released or {})
+            + " Training used only these released labels, so everything the feature parties saw and the trained "
             f"model are post-processing: for any two training sets that differ in one sample's label, every outcome "
             f"is at most e^{_num(eps)} times more likely under one than under the other, whoever observes it. "
             "Not protected: the features, which samples are in the training set and in each batch, the number of "
@@ -134,18 +138,112 @@ def privacy_statement(
             "subsampling claimed. Not protected: labels, batch membership, the number of samples, and the other "
             "parties' features."
         )
+    if plan.protects == "labels":
+        text += " " + inference_bound_words(plan, n_classes or 2)
+    if plan.config.auto_reason:
+        text += (f" Mechanism chosen by --dp-mechanism auto (the default): {MECHANISM_WORDS[plan.mechanism]}, because "
+                 f"{plan.config.auto_reason}.")
     if plan.notes:
         text += " Notes: " + "; ".join(plan.notes) + "."
     return text + " " + _rng_words(secure_rng, seed)
 
 
+_RELEASE_NAMES = {
+    "rr": "randomized response",
+    "rr-prior": "randomized response with a prior learned in two stages (Ghazi et al. 2021, LP-2ST)",
+    "alibi": "ALIBI (Laplace noise on one-hot labels and Bayesian soft labels, Malek et al. 2021)",
+}
+
+
+def _release_words(plan: DPPlan, k: int, released: dict[str, Any]) -> str:
+    eps = plan.epsilon
+    keep = rr_keep_probability(eps, k)
+    rr = (f"kept the true label with probability {keep:.4f} and otherwise reported one of the other {k - 1} "
+          "class(es) uniformly at random")
+    if plan.mechanism == "rr":
+        return f"Before training, the label party replaced each training label once by randomized response: it {rr}."
+    if plan.mechanism == "alibi":
+        return (f"Before training, the label party added independent Laplace noise of scale {_num(2 / eps)} (= 2 / "
+                f"epsilon: replacing a label moves its one-hot vector by 2 in L1) to each of the {k} coordinates of "
+                "each training label's one-hot vector, once, and kept only the posterior distribution of the label "
+                "given that noisy vector (uniform prior) as the sample's soft label. The Laplace draws come from the "
+                f"same generator as all DP noise; its cut tails add below {k * LAPLACE_TAIL_MASS:.1e} per label to "
+                "delta.")
+    stages = released.get("stages", {})
+    rows = (f" ({stages['stage1_rows']} and {stages['stage2_rows']} rows)" if "stage1_rows" in stages else "")
+    mean_k = stages.get("stage2_mean_set_size")
+    k_words = f" (on average {mean_k:.2f} classes here)" if mean_k is not None else ""
+    start = stages.get("stage2_epoch", (plan.epochs + 1) // 2)
+    return (
+        f"The label party split the training rows at random, independently of the labels, into two parts{rows}. "
+        f"Before training it replaced each part-1 label once by randomized response (it {rr}) and trained on those "
+        f"alone for {start} epoch(s). Then the stage-1 model predicted a class distribution for every part-2 row -- a "
+        "function of that row's features and of part 1's randomised labels only, never of a part-2 label -- and "
+        "each part-2 label was replaced once by RRWithPrior with that prior: the reported class is drawn from the "
+        f"classes most likely under the prior{k_words}, the true one with probability e^eps / (e^eps + k - 1) when "
+        "it is among those k, and uniformly among them otherwise. Each label was released exactly once."
+    )
+
+
+def inference_bound(epsilon: float, n_classes: int, delta: float = 0.0) -> float:
+    """The most often any attacker can guess one training label right, from a uniform prior over the classes.
+
+    For each pair of labels the outcome's probability ratio is at most e^eps (plus delta), so the posterior of the
+    true label is at most ``e^eps / (e^eps + K - 1)``; binary: ``e^eps / (1 + e^eps)``. With delta > 0 the bound
+    grows by at most ``delta`` (a conservative, simple form).
+    """
+    k = max(int(n_classes), 2)
+    return min(1.0, rr_keep_probability(epsilon, k) + delta)
+
+
+def inference_bound_words(plan: DPPlan, n_classes: int) -> str:
+    k = max(n_classes, 2)
+    bound = inference_bound(plan.epsilon, k, plan.delta)
+    formula = "e^eps / (1 + e^eps)" if k == 2 else f"e^eps / (e^eps + {k - 1})"
+    plus = " + delta" if plan.delta else ""
+    return (f"What this means: anyone, including whoever holds the trained model and every message, who knows "
+            f"everything about the training set except one sample's label and starts from a uniform guess, names "
+            f"that label correctly with probability at most {formula}{plus} = {bound:.3f} (chance: {1 / k:.3f}).")
+
+
+def inference_markdown(plan: DPPlan, n_classes: int) -> str:
+    """PRIVACY.md's section "What an attacker can still infer": the bound, and measured attacks on this mechanism."""
+    k = max(n_classes, 2)
+    lines = ["## What an attacker can still infer", "", inference_bound_words(plan, k)]
+    if k == 2:
+        lines[-1] += (" The same number bounds the ROC AUC of any label-inference attack on a training label "
+                      "(the area under the best ROC curve epsilon-DP allows).")
+    rows = measured_attacks(plan.mechanism)
+    name = MECHANISM_WORDS[plan.mechanism]
+    if not rows:
+        lines += ["", f"No label-inference attack has been measured against {name} yet; the bound above holds for "
+                      "every attacker."]
+    else:
+        lines += ["", f"Measured label-inference attacks against {name} (a feature party attacks the gradients it "
+                      "receives; chance is AUC 0.5, or accuracy 1/K):", "",
+                  "| epsilon | classes | attack | measured | bound at that epsilon | setting |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            e = r["epsilon"]
+            bound = f"{inference_bound(e, r['classes']):.3f}" if e is not None else "-"
+            lines.append(f"| {_num(e) if e is not None else 'inf'} | {r['classes']} | {r['attack']} | {r['metric']} "
+                         f"{r['value']:.3f} | {bound} | {r['setting']} |")
+        if plan.mechanism == "rr":
+            lines += ["", "The feature parties' gradients are computed from the randomised labels, so an attack can "
+                          "recover those (on a binary task the measured AUC comes close to the bound); what it cannot "
+                          "learn is which randomised labels differ from the true ones, and that is what the bound "
+                          "limits."]
+    return "\n".join(lines) + "\n"
+
+
 def privacy_markdown(plan: DPPlan, *, secure_rng: bool, seed: int | None = None, **kw: Any) -> str:
-    """``PRIVACY.md``: the statement plus the machine-readable parameters."""
+    """``PRIVACY.md``: the statement, what an attacker can still infer, and the machine-readable parameters."""
     summary = privacy_summary(plan, secure_rng=secure_rng)
+    infer = "\n" + inference_markdown(plan, kw.get("n_classes") or 2) if plan.protects == "labels" else ""
     return (
         "# Privacy statement\n\n"
         + privacy_statement(plan, secure_rng=secure_rng, seed=seed, **kw)
-        + "\n\n## Parameters\n\n```json\n"
+        + "\n" + infer
+        + "\n## Parameters\n\n```json\n"
         + json.dumps(summary, indent=2)
         + "\n```\n"
     )
