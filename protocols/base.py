@@ -108,6 +108,11 @@ class Layer:
         """Facts for ``summary.json`` (parameters, privacy spent, ...)."""
         return {"layer": self.name}
 
+    def start_epoch(self, net: Network, epoch: int) -> None:
+        """Called by the runner before the first message of every epoch. Keys that a restarted process cannot
+        have (and must not read back from a checkpoint) are renewed here, at each checkpoint boundary, so that an
+        interrupted and resumed run sends exactly what an uninterrupted one sends."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -143,6 +148,16 @@ class Aggregation(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"aggregation": self.name}
+
+    def start_epoch(self, net: Network, epoch: int) -> None:  # noqa: B027 - optional hook, like Layer's
+        """Like :meth:`Layer.start_epoch`: renew per-epoch keys before the epoch's first round."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Public counters to checkpoint (never keys: :meth:`start_epoch` renews those)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook, like Layer's
+        pass
 
 
 @dataclass

@@ -34,8 +34,14 @@ seals their output; on the way in it runs first. A layer after it would see only
 :func:`require_outermost` checks a stack.
 
 Key hygiene: no key material appears in any ``repr``, ``str``, error message, ``describe()`` or ``state_dict()``;
-identity keys are shown only by fingerprint (SHA-256 of the raw public key, truncated). Sessions are not saved in
-checkpoints: a resumed run performs a new handshake.
+identity keys are shown only by fingerprint (SHA-256 of the raw public key, truncated).
+
+Sessions and checkpoints: session keys are never written to a checkpoint. A process restarted from a checkpoint
+would otherwise seal with counters the killed process had already used after that checkpoint (AES-GCM nonce reuse:
+the XOR of two plaintexts and forgeries for whoever recorded both), and a stolen checkpoint would decrypt recorded
+traffic (no forward secrecy). Instead every epoch, i.e. every checkpoint boundary, starts with a fresh handshake
+(:meth:`SecureChannelLayer.start_epoch`): a resumed run handshakes where an uninterrupted one does, so both send
+the same bytes, and the keys of an epoch are erased when the next begins.
 """
 
 from __future__ import annotations
@@ -564,7 +570,13 @@ class SecureChannelLayer(Layer):
             return
         raise ReflectionError(f"{party} received its own {env.kind} message to {env.sender} back (reflection)")
 
-    # Sessions hold live keys and are never checkpointed; a resumed run handshakes again.
+    def start_epoch(self, net: Network, epoch: int) -> None:
+        """Handshake again unless the sessions are still unused (a process that just established them): see the
+        module docstring, "Sessions and checkpoints"."""
+        if any(s.send_ctr for st in self._local.values() for s in st.sessions.values()):
+            self.establish(net)
+
+    # Sessions hold live keys and are never checkpointed; every epoch starts with a fresh handshake.
     def state_dict(self) -> dict[str, Any]:
         return {"sealed": self.sealed, "opened": self.opened, "rejected": self.rejected}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -10,7 +11,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["write_bytes_atomic", "write_text_atomic", "write_json_atomic", "torch_save_atomic", "torch_load"]
+__all__ = [
+    "write_bytes_atomic",
+    "write_text_atomic",
+    "write_json_atomic",
+    "jsonable",
+    "torch_save_atomic",
+    "torch_bytes",
+    "torch_load",
+    "fsync_dir",
+    "save_figure_atomic",
+]
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
@@ -26,6 +37,21 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename inside ``path`` durable (the new name survives a power cut, not only a killed process)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms where a directory cannot be opened have no directory fsync either
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -33,10 +59,11 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=jsonable) + "\n")
 
 
-def _jsonable(o: Any) -> Any:
+def jsonable(o: Any) -> Any:
+    """The JSON form of values ``json`` cannot write itself (numpy scalars, tuples, sets, paths)."""
     if hasattr(o, "item"):
         return o.item()
     if isinstance(o, (set, tuple)):
@@ -46,14 +73,26 @@ def _jsonable(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def torch_save_atomic(path: str | Path, obj: Any) -> None:
-    import io
-
+def torch_bytes(obj: Any) -> bytes:
+    """``obj`` as ``torch.save`` writes it (tensors, numbers, strings, lists and dicts of them)."""
     buf = io.BytesIO()
     torch.save(obj, buf)
-    write_bytes_atomic(path, buf.getvalue())
+    return buf.getvalue()
+
+
+def torch_save_atomic(path: str | Path, obj: Any) -> None:
+    write_bytes_atomic(path, torch_bytes(obj))
 
 
 def torch_load(path: str | Path) -> Any:
     # weights_only: a checkpoint is data (tensors, numbers, dicts), never code.
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def save_figure_atomic(fig: Any, path: str | Path, *, dpi: int = 120) -> Path:
+    """Write a matplotlib figure as PNG atomically (a figure made with pyplot is still the caller's to close)."""
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=dpi)
+    write_bytes_atomic(path, buf.getvalue())
+    return Path(path)

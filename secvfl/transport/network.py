@@ -115,10 +115,18 @@ class Network:
             "aggregation": self.aggregation.describe(),
         }
 
+    def start_epoch(self, epoch: int) -> None:
+        """Tell the aggregation and every layer that an epoch begins (they renew per-epoch keys)."""
+        self.aggregation.start_epoch(self, epoch)
+        for layer in self.layers:
+            layer.start_epoch(self, epoch)
+
     def state_dict(self) -> dict:
-        return {"stats": self.stats.state_dict(), "layers": [layer.state_dict() for layer in self.layers]}
+        return {"stats": self.stats.state_dict(), "layers": [layer.state_dict() for layer in self.layers],
+                "aggregation": self.aggregation.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.stats.load_state_dict(state["stats"])
         for layer, s in zip(self.layers, state["layers"], strict=True):
             layer.load_state_dict(s)
+        self.aggregation.load_state_dict(state.get("aggregation", {}))
