@@ -14,6 +14,8 @@ __all__ = [
     "ProtocolError",
     "UnsupportedError",
     "PartyIsolationError",
+    "SecvflWarning",
+    "DataWarning",
 ]
 
 
@@ -43,3 +45,11 @@ class UnsupportedError(ConfigError):
 
 class PartyIsolationError(SecvflError):
     """Code tried to read another party's private state instead of going through the transport."""
+
+
+class SecvflWarning(UserWarning):
+    """Something was done on the user's behalf that they should know about; the CLI prints one line per warning."""
+
+
+class DataWarning(SecvflWarning):
+    """A dataset was usable only after a change (e.g. a column without values was dropped)."""

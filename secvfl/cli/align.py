@@ -8,7 +8,8 @@ Example::
 Every party runs in this process (embedded mode) as an isolated PSI party; only blinded curve points cross the
 network, whose byte counts are reported. The output holds, per label-party id, which parties hold it (the
 observed-block pattern for training with missing blocks), and the counts. ``--out`` ending in ``.csv`` writes one
-row per label-party id with a 0/1 column per party instead of JSON. Ids are compared exactly after stripping
+row per label-party id with a 0/1 column per party instead of JSON (any other extension is refused, so a name
+like ``x.txt`` never silently holds JSON). Ids are compared exactly after stripping
 surrounding whitespace; a party file with a repeated id is refused (its rows could not be aligned).
 """
 
@@ -25,6 +26,8 @@ from pathlib import Path
 
 from protocols.base import Role
 from protocols.psi import align
+from secvfl.cli.paths import check_output_file, write_output_text
+from secvfl.data.files import READ_ERRORS, check_readable_file, describe_read_error
 from secvfl.errors import ConfigError, DataError
 from secvfl.transport.network import Network
 
@@ -43,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--id-column", default="ID", help="name of the id column in every file (default: ID)")
     p.add_argument("--label-party", default=None,
                    help="which party holds the labels (default: the first --party)")
-    p.add_argument("--out", default=None, help="write the alignment here (.json or .csv)")
+    p.add_argument("--out", default=None,
+                   help="write the alignment to this file; its extension picks the format: .json (per-id holders, "
+                        "counts and bytes) or .csv (one row per label-party id, a 0/1 column per party)")
     p.set_defaults(func=run)
 
 
@@ -64,8 +69,7 @@ def _parse_parties(specs: list[str]) -> dict[str, Path]:
 
 def read_ids(path: Path, column: str) -> list[str]:
     """The id column of a CSV (optionally gzipped) file, whitespace-stripped; refuses missing or repeated ids."""
-    if not path.is_file():
-        raise DataError(f"{path} does not exist or is not a file")
+    check_readable_file(path, "--party file", "--party NAME=CSV")
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as raw:
@@ -85,8 +89,10 @@ def read_ids(path: Path, column: str) -> list[str]:
                 if col >= len(row) or not row[col].strip():
                     raise DataError(f"{path} line {line}: empty or missing {column!r}")
                 ids.append(row[col].strip())
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"cannot read {path} as UTF-8 CSV: {exc}") from None
+    except (*READ_ERRORS, csv.Error) as exc:
+        raise DataError(f"cannot read {path} as UTF-8 CSV (.csv or .csv.gz): {describe_read_error(exc)}") from None
+    if not ids:
+        raise DataError(f"{path} has a header but no rows; every party needs at least one id to align")
     repeated = [i for i, c in Counter(ids).items() if c > 1]
     if repeated:
         raise DataError(f"{path} repeats {len(repeated)} id(s) in {column!r} (e.g. {repeated[:3]}); "
@@ -99,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     label = args.label_party or next(iter(parties))
     if label not in parties:
         raise ConfigError(f"--label-party {label!r} is not one of the parties {list(parties)}")
+    if args.out:
+        check_output_file(Path(args.out), "--out", (".json", ".csv"))
     ids = {name: read_ids(path, args.id_column) for name, path in parties.items()}
     order = [label, *[p for p in parties if p != label]]
     net = Network({label: Role.LABEL, **{p: Role.FEATURE for p in order[1:]}})
@@ -117,16 +125,16 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.out:
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.suffix == ".csv":
-            with out.open("w", newline="", encoding="utf-8") as fh:
-                w = csv.writer(fh)
-                w.writerow([args.id_column, *result.parties])
-                for ident, row in zip(result.label_ids, result.pattern(), strict=True):
-                    w.writerow([ident, *(int(v) for v in row)])
+        if out.suffix.lower() == ".csv":
+            buf = io.StringIO(newline="")
+            w = csv.writer(buf)
+            w.writerow([args.id_column, *result.parties])
+            for ident, row in zip(result.label_ids, result.pattern(), strict=True):
+                w.writerow([ident, *(int(v) for v in row)])
+            write_output_text(out, buf.getvalue(), "--out")
         else:
             doc = {**summary, "holders": result.holders}
-            out.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+            write_output_text(out, json.dumps(doc, ensure_ascii=False, indent=1) + "\n", "--out")
     print(f"aligned {counts['label_ids']} label-party ids in {seconds:.1f} s; shared with the label party: "
           + ", ".join(f"{p}={n}" for p, n in counts["shared_with_label"].items())
           + f"; held by all: {counts['held_by_all']}"

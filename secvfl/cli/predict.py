@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from secvfl.cli.paths import check_output_file, write_output_text
 from secvfl.errors import ConfigError, UnsupportedError
+
+if TYPE_CHECKING:
+    from secvfl.data import Dataset
 
 __all__ = ["register", "run", "parse_observed"]
 
@@ -37,44 +43,81 @@ def parse_observed(text: str, k: int) -> list[int]:
     return parties
 
 
+def _trained_schema(run: Path) -> dict | None:
+    """Name, feature columns and classes of the data the run trained on (its summary.json), if it finished."""
+    try:
+        data = json.loads((run / "summary.json").read_text())["data"]
+        return {"name": str(data["name"]), "n_features": int(data["n_features"]), "n_classes": int(data["n_classes"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an unfinished run: the checkpoint itself will tell (see run())
+
+
+def _check_schema(spec: str, data: Dataset, trained: dict | None) -> None:
+    if trained is None or (data.n_features, data.n_classes) == (trained["n_features"], trained["n_classes"]):
+        return
+    raise ConfigError(
+        f"--data {spec} has {data.n_features} feature columns and {data.n_classes} classes, but the model was "
+        f"trained on {trained['name']} with {trained['n_features']} feature columns and {trained['n_classes']} "
+        "classes; pass data with the training columns in the same order"
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("predict", help="predict with a trained run and any subset of its parties",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", type=Path, required=True, help="run directory written by `secvfl train --out DIR`")
     p.add_argument("--observed", required=True, help="parties taking part, e.g. 1,3 (0-based indices)")
-    p.add_argument("--data", default=None, help="dataset spec (default: the run's dataset)")
+    p.add_argument("--data", default=None,
+                   help="dataset spec with the training columns in the same order (default: the run's dataset)")
     p.add_argument("--data-dir", default=None, help="folder of the named datasets (default: the run's, or $SECVFL_DATA_DIR)")
-    p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--out", type=Path, default=None, help="write per-row predictions as CSV here")
+    p.add_argument("--split", default="test", choices=["train", "val", "test"],
+                   help="which split of the data to predict (default: test)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write per-row predictions as CSV here (row, label, one column per observed party)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from secvfl.algorithms import get_algorithm
     from secvfl.algorithms.missing_base import MissingAlgorithm
     from secvfl.algorithms.missing_eval import evaluate_predictions
     from secvfl.config import TrainConfig
+    from secvfl.data import load_dataset
     from secvfl.runner import _load_checkpoint, build_run, load_config_file
 
     cfg_file = args.run / "config.toml"
     if not cfg_file.is_file():
         raise ConfigError(f"--run {args.run}: no config.toml there; pass a directory written by `secvfl train --out`")
     cfg = TrainConfig.from_dict(load_config_file(cfg_file))
+    # Everything that needs no data is checked first: a mistake costs no loading.
+    if not issubclass(get_algorithm(cfg.algo), MissingAlgorithm):
+        raise UnsupportedError(
+            f"{cfg.algo} cannot predict with a subset of its parties; train with --algo laser (or ensemble, "
+            "combinatorial, svfl, plugvfl, local-missing) to use secvfl predict --observed"
+        )
+    observed = parse_observed(args.observed, cfg.parties)
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    trained = _trained_schema(args.run)
     changes = {"p_miss_train": "0", "p_miss_test": "0"}  # every row present; the subset is chosen below
     if args.data is not None:
         changes["dataset"] = args.data
     if args.data_dir is not None:
         changes["data_dir"] = args.data_dir
     cfg = replace(cfg, **changes)
+    if args.data is not None:
+        _check_schema(args.data, load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, val_fraction=cfg.val_fraction,
+                                              nan_policy=cfg.nan_policy), trained)
     built = build_run(cfg)
     algo = built.algorithm
-    if not isinstance(algo, MissingAlgorithm):
-        raise UnsupportedError(
-            f"{cfg.algo} cannot predict with a subset of its parties; train with --algo laser (or ensemble, "
-            "combinatorial, svfl, plugvfl, local-missing) to use secvfl predict --observed"
-        )
-    _load_checkpoint(args.run, built)
+    try:
+        _load_checkpoint(args.run, built)
+    except ConfigError as exc:
+        if args.data is None:
+            raise
+        raise ConfigError(f"--data {args.data} does not fit the model trained in {args.run} ({exc}); pass data "
+                          "with the training columns in the same order") from None
     K = algo.K
-    observed = parse_observed(args.observed, K)
     n = built.ctx.rows(args.split)
     if n == 0:
         raise ConfigError(f"the {args.split} split of {cfg.dataset} is empty; choose another --split")
@@ -85,12 +128,12 @@ def run(args: argparse.Namespace) -> int:
     y = np.asarray(getattr(built.ctx.data, f"y_{args.split}"))
     metrics = evaluate_predictions(preds, y, mask, n_classes=built.ctx.data.n_classes)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["row", "label", *[f"party{k}" for k in observed]])
-            for i in range(n):
-                w.writerow([i, int(y[i]), *[int(preds[i, k]) for k in observed]])
+        buf = io.StringIO(newline="")
+        w = csv.writer(buf)
+        w.writerow(["row", "label", *[f"party{k}" for k in observed]])
+        for i in range(n):
+            w.writerow([i, int(y[i]), *[int(preds[i, k]) for k in observed]])
+        write_output_text(args.out, buf.getvalue(), "--out")
     report = {
         "run": str(args.run), "algo": cfg.algo, "dataset": cfg.dataset, "split": args.split, "rows": n,
         "observed": observed, "absent": [k for k in range(K) if k not in observed],

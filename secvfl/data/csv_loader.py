@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from secvfl.data.dataset import RawData
+from secvfl.data.files import READ_ERRORS, check_readable_file, describe_read_error
 from secvfl.errors import DataError
 
 __all__ = ["load_csv", "MISSING_TOKENS"]
@@ -51,21 +52,27 @@ def load_csv(
     feature columns are one-hot encoded (categories sorted); cells in :data:`MISSING_TOKENS` are missing (NaN).
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"CSV file {path} does not exist; pass csv:PATH[:LABEL] with an existing file")
+    check_readable_file(path, "CSV file", "csv:PATH[:LABEL]")
+    rows: list[list[str]] = []
+    lines: list[int] = []  # the file's line number of each row (blank lines are skipped)
     try:
         with _open_text(path) as fh:
-            rows = [r for r in csv.reader(fh) if r]
-    except (OSError, UnicodeDecodeError, csv.Error, EOFError) as exc:
-        raise DataError(f"cannot read {path} as CSV (gzip is read transparently): {exc}") from None
+            reader = csv.reader(fh)
+            for r in reader:
+                if r:
+                    rows.append(r)
+                    lines.append(reader.line_num)
+    except (*READ_ERRORS, csv.Error) as exc:
+        raise DataError(f"cannot read {path} as CSV (gzip is read transparently): {describe_read_error(exc)}") from None
     if len(rows) < 2:
-        raise DataError(f"{path} has fewer than 2 rows; a CSV dataset needs at least a row per sample")
+        raise DataError(f"{path} has {len(rows)} non-empty line(s); a CSV dataset needs a line per sample (and "
+                        "optionally a header line)")
     width = len(rows[0])
     ragged = [i for i, r in enumerate(rows) if len(r) != width]
     if ragged:
         i = ragged[0]
         raise DataError(
-            f"{path} is ragged: line {i + 1} has {len(rows[i])} fields, the first line has {width} "
+            f"{path} is ragged: line {lines[i]} has {len(rows[i])} fields, the first line has {width} "
             f"({len(ragged)} bad line(s)); fix the file or its delimiter"
         )
     if width < 2:
@@ -81,6 +88,10 @@ def load_csv(
         has_header = header == "yes"
     names = [c.strip() for c in rows[0]] if has_header else [f"col{j}" for j in range(width)]
     body = rows[1:] if has_header else rows
+    body_lines = lines[1:] if has_header else lines
+    if len(body) < 2:
+        raise DataError(f"{path} has {len(body)} data row below its header; a dataset needs rows of at least two "
+                        "classes (and enough of them to fill the training, validation and test splits)")
     notes = [f"csv: {len(body)} rows x {width} columns from {path.name}"]
 
     if label is None:
@@ -121,6 +132,12 @@ def load_csv(
             continue
         if numeric:
             arr = np.array([float(v) if not m else np.nan for v, m in zip(vals, is_missing, strict=True)])
+            if np.isinf(arr).any():
+                r = int(np.flatnonzero(np.isinf(arr))[0])
+                raise DataError(
+                    f"{path.name} line {body_lines[r]}: column {nm!r} holds {vals[r]!r}, an infinite number; "
+                    "features must be finite (write a missing cell as empty or NA)"
+                )
             features.append(arr[:, None])
             feat_names.append(nm)
         else:

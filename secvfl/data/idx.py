@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from secvfl.data.dataset import RawData
+from secvfl.data.files import READ_ERRORS, describe_read_error
 from secvfl.errors import DataError
 
 __all__ = ["load_idx_dir", "read_idx"]
@@ -26,8 +27,8 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as fh:
             data = fh.read()
-    except (OSError, EOFError) as exc:
-        raise DataError(f"cannot read IDX file {path}: {exc}") from None
+    except READ_ERRORS as exc:
+        raise DataError(f"cannot read IDX file {path}: {describe_read_error(exc)}") from None
     if len(data) < 4:
         raise DataError(f"{path} is too short to be an IDX file")
     zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
@@ -54,11 +55,14 @@ def _find(directory: Path, stem: str) -> Path:
 def load_idx_dir(directory: str | Path) -> RawData:
     directory = Path(directory)
     if not directory.is_dir():
-        raise DataError(f"IDX directory {directory} does not exist; pass idx:DIR with the MNIST-layout files")
+        what = "is a file, not a directory" if directory.exists() else "does not exist"
+        raise DataError(f"IDX directory {directory} {what}; pass idx:DIR with the MNIST-layout files")
     arrays = {k: read_idx(_find(directory, v)) for k, v in _FILES.items()}
     xtr, ytr, xte, yte = (arrays[k] for k in ("train_images", "train_labels", "test_images", "test_labels"))
     if xtr.ndim != 3 or xte.shape[1:] != xtr.shape[1:] or len(xtr) != len(ytr) or len(xte) != len(yte):
         raise DataError(f"IDX files in {directory} do not fit together: {xtr.shape}, {ytr.shape}, {xte.shape}, {yte.shape}")
+    if len(xtr) == 0 or len(xte) == 0:
+        raise DataError(f"IDX files in {directory} hold {len(xtr)} training and {len(xte)} test images; need both")
     h, w = xtr.shape[1:]
     classes = [str(c) for c in range(int(max(ytr.max(), yte.max())) + 1)]
     return RawData(

@@ -36,7 +36,9 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path:
         )
     p = Path(d).expanduser()
     if not p.is_dir():
-        raise DataError(f"data directory {p} does not exist")
+        what = "is a file, not a folder" if p.exists() else "does not exist"
+        raise DataError(f"data directory {p} {what}; pass --data-dir DIR (or SECVFL_DATA_DIR) with the folder that "
+                        "holds uci_credit_default/, mnist/, a9a/, w8a/, mushrooms/")
     return p
 
 

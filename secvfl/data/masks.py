@@ -10,29 +10,36 @@ import numpy as np
 
 from secvfl.errors import DataError
 
-__all__ = ["draw_masks", "block_miss_probabilities", "drop_unobserved"]
+__all__ = ["draw_masks", "block_miss_probabilities", "drop_unobserved", "parse_p_miss"]
+
+
+def parse_p_miss(p_miss: float | str) -> float | tuple[float, float]:
+    """A probability in [0, 1), or the (A, B) of ``"beta:A,B"``; DataError naming the fix otherwise."""
+    if isinstance(p_miss, bool) or not isinstance(p_miss, (str, int, float, np.floating, np.integer)):
+        raise DataError(f"p_miss must be a number in [0, 1) or 'beta:A,B', got {p_miss!r}")
+    if isinstance(p_miss, str) and p_miss.strip().startswith("beta:"):
+        try:
+            a, b = (float(v) for v in p_miss.strip()[5:].split(","))
+        except ValueError:
+            raise DataError(f"bad Beta spec {p_miss!r}; write beta:A,B, e.g. beta:2,2") from None
+        if not (0 < a < np.inf and 0 < b < np.inf):
+            raise DataError(f"Beta parameters must be positive and finite, got {a}, {b} (e.g. beta:2,2)")
+        return a, b
+    try:
+        p = float(p_miss)
+    except ValueError:
+        raise DataError(f"p_miss must be a number in [0, 1) or 'beta:A,B', got {p_miss!r}") from None
+    if not 0.0 <= p < 1.0:  # also refuses nan
+        raise DataError(f"p_miss must be in [0, 1), got {p_miss}")
+    return p
 
 
 def block_miss_probabilities(k: int, p_miss: float | str, rng: np.random.Generator) -> np.ndarray:
     """Per-block missing probabilities: a number in [0, 1) for all blocks, or ``"beta:A,B"`` drawn per block."""
-    if isinstance(p_miss, str):
-        if not p_miss.startswith("beta:"):
-            try:
-                p_miss = float(p_miss)
-            except ValueError:
-                raise DataError(f"p_miss must be a number in [0, 1) or 'beta:A,B', got {p_miss!r}") from None
-        else:
-            try:
-                a, b = (float(v) for v in p_miss[5:].split(","))
-            except ValueError:
-                raise DataError(f"bad Beta spec {p_miss!r}; write beta:A,B, e.g. beta:2,2") from None
-            if a <= 0 or b <= 0:
-                raise DataError(f"Beta parameters must be positive, got {a}, {b}")
-            return np.minimum(rng.beta(a, b, size=k), 0.999)
-    p = float(p_miss)
-    if not 0.0 <= p < 1.0 or np.isnan(p):
-        raise DataError(f"p_miss must be in [0, 1), got {p_miss}")
-    return np.full(k, p)
+    spec = parse_p_miss(p_miss)
+    if isinstance(spec, tuple):
+        return np.minimum(rng.beta(*spec, size=k), 0.999)
+    return np.full(k, spec)
 
 
 def draw_masks(n: int, k: int, p_miss: float | str | np.ndarray, rng: np.random.Generator) -> np.ndarray:

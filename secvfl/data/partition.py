@@ -64,6 +64,19 @@ def _even_cuts(n: int, parts: int) -> list[int]:
     return list(np.cumsum([0] + [base + (1 if i < extra else 0) for i in range(parts)]))
 
 
+def _grid(k: int) -> tuple[int, int]:
+    """Rows x columns of the quadrant grid for k parties: the most square factorisation, rows <= columns."""
+    rows = int(np.floor(np.sqrt(k)))
+    while k % rows:
+        rows -= 1
+    return rows, k // rows
+
+
+def max_image_parties(h: int, w: int) -> int:
+    """The largest number of parties whose quadrant grid fits an h x w image (one pixel per region at least)."""
+    return max(k for k in range(1, h * w + 1) if _grid(k)[0] <= h and _grid(k)[1] <= w)
+
+
 def partition_image(shape: tuple[int, int], k: int, mode: str = "auto") -> Partition:
     """Image regions: horizontal strips, or a grid of quadrants (k = 4, or any k = r*c with r, c as close as possible)."""
     h, w = shape
@@ -77,12 +90,14 @@ def partition_image(shape: tuple[int, int], k: int, mode: str = "auto") -> Parti
     if mode == "strips":
         rows, cols = k, 1
     else:
-        rows = int(np.floor(np.sqrt(k)))
-        while k % rows:
-            rows -= 1
-        cols = k // rows
+        rows, cols = _grid(k)
     if rows > h or cols > w:
-        raise DataError(f"cannot cut a {h}x{w} image into {rows}x{cols} regions for {k} parties")
+        raise DataError(
+            f"cannot cut a {h}x{w} image into {rows}x{cols} regions for {k} parties; "
+            + (f"use --parties {h} or fewer (one pixel row per strip at least)" if mode == "strips"
+               else f"use at most {max_image_parties(h, w)} parties, a number whose grid fits in {h}x{w}")
+            + f", or --image-split columns for up to {h * w} parties"
+        )
     rc, cc = _even_cuts(h, rows), _even_cuts(w, cols)
     blocks, shapes = [], []
     for i in range(rows):

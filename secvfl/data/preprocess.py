@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 
 from secvfl.data.dataset import Dataset, RawData
-from secvfl.errors import DataError
+from secvfl.errors import DataError, DataWarning
 
-__all__ = ["NAN_POLICIES", "prepare", "stratified_split"]
+__all__ = ["NAN_POLICIES", "prepare", "stratified_split", "min_rows_per_class"]
 
 NAN_POLICIES = ("mean", "drop", "error")
 
@@ -25,6 +25,49 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
     held_idx = np.sort(np.concatenate(held)) if held else np.array([], dtype=np.int64)
     keep = np.setdiff1d(np.arange(len(y)), held_idx)
     return keep, held_idx
+
+
+def min_rows_per_class(test_fraction: float, val_fraction: float) -> int:
+    """Fewest rows of one class that leave every split at least one row (each split rounds its share per class)."""
+    for n in range(1, 100_000):
+        test = int(round(test_fraction * n))
+        val = int(round(val_fraction * (n - test)))
+        if test >= 1 and (val >= 1 or val_fraction == 0) and n - test - val >= 1:
+            return n
+    return int(np.ceil(1 / (val_fraction * (1 - test_fraction))))  # tiny fractions: the order of magnitude
+
+
+def _check_finite(X: np.ndarray, names: list[str], name: str, where: str) -> None:
+    bad = np.isinf(X)
+    if bad.any():
+        r, c = (int(i) for i in np.argwhere(bad)[0])
+        raise DataError(f"{name}: {where}row {r + 1}, column {names[c]!r} holds {X[r, c]}; features must be finite "
+                        "(mark a missing value as NaN or an empty cell)")
+
+
+def _drop_empty_columns(
+    X: np.ndarray, X_test: np.ndarray, names: list[str], image_shape: tuple[int, int] | None, name: str,
+    notes: list[str],
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Columns with no value in the training split carry no information: drop them (images: set 0) and warn."""
+    empty = np.isnan(X).all(axis=0) if len(X) else np.zeros(X.shape[1], dtype=bool)
+    if not empty.any():
+        return X, X_test, names
+    cols = [names[j] for j in np.flatnonzero(empty)]
+    shown = ", ".join(repr(c) for c in cols[:10]) + (f" and {len(cols) - 10} more" if len(cols) > 10 else "")
+    if image_shape is not None:  # dropping pixels would break the image grid the parties' regions are cut from
+        X, X_test = np.where(empty, 0.0, X), np.where(empty, 0.0, X_test)
+        message = f"{name}: pixel column(s) {shown} have no value in any training image; set to 0 everywhere"
+    elif empty.all():
+        raise DataError(f"{name}: no feature column has a value in the training split; check the file's missing "
+                        "value markers")
+    else:
+        X, X_test, names = X[:, ~empty], X_test[:, ~empty], [n for n, e in zip(names, empty, strict=True) if not e]
+        message = (f"{name}: column(s) {shown} have no value in the training split; dropped them (a column "
+                   "without values carries no information)")
+    notes.append(message)
+    warnings.warn(message, DataWarning, stacklevel=3)
+    return X, X_test, names
 
 
 def _drop_nan_rows(X: np.ndarray, y: np.ndarray, notes: list[str], what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -56,7 +99,11 @@ def prepare(
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"test fraction must be in (0, 1), got {test_fraction}")
     notes = list(raw.notes)
+    feature_names = list(raw.feature_names)
     X, y = raw.X.astype(np.float64, copy=False), raw.y.astype(np.int64, copy=False)
+    _check_finite(X, feature_names, name, "")
+    if raw.X_test is not None:
+        _check_finite(raw.X_test, feature_names, name, "test file ")
     n_missing = int(np.isnan(X).sum()) + (int(np.isnan(raw.X_test).sum()) if raw.X_test is not None else 0)
     if n_missing and nan_policy == "error":
         cols = [raw.feature_names[j] for j in np.flatnonzero(np.isnan(X).any(axis=0))][:5]
@@ -72,6 +119,9 @@ def prepare(
         X_test, y_test = X[held], y[held]
         X, y = X[keep], y[keep]
         notes.append(f"test split: stratified {test_fraction:.0%} of rows, seed {test_split_seed}")
+    if n_missing:
+        X, X_test, feature_names = _drop_empty_columns(X, X_test, feature_names, raw.image_shape, name, notes)
+        n_missing = int(np.isnan(X).sum()) + int(np.isnan(X_test).sum())
     if nan_policy == "drop":
         X, y = _drop_nan_rows(X, y, notes, "training")
         X_test, y_test = _drop_nan_rows(X_test, y_test, notes, "test")
@@ -81,10 +131,21 @@ def prepare(
         notes.append(f"validation split: stratified {val_fraction:.0%} of training rows, seed {seed}")
     else:
         X_val, y_val = X[:0], y[:0]
-    if len(y) == 0:
-        raise DataError(f"{name}: no training rows left after splitting and missing-value handling")
+    sizes = {"training": len(y), "test": len(y_test)} | ({"validation": len(y_val)} if val_fraction > 0 else {})
+    empty = [split for split, n in sizes.items() if n == 0]
+    if empty:
+        fix = "" if raw.X_test is not None else (
+            f"; with --val-fraction {val_fraction:g} a class needs at least "
+            f"{min_rows_per_class(test_fraction, val_fraction)} rows to fill every split"
+        )
+        raise DataError(
+            f"{name}: the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty "
+            f"({len(raw.y)} rows{', after --nan-policy drop' if nan_policy == 'drop' else ''}; each split takes a "
+            f"rounded share of every class){fix}" + ("; or use --val-fraction 0" if "validation" in empty else "")
+            + ("; or --nan-policy mean to keep rows with missing cells" if nan_policy == "drop" and n_missing else "")
+        )
     if nan_policy == "mean" and n_missing:
-        with warnings.catch_warnings():  # a column missing in every training row gets 0 (its standardised mean)
+        with warnings.catch_warnings():  # an image's pixel missing in every training row is 0 already (see above)
             warnings.simplefilter("ignore", RuntimeWarning)
             means = np.nan_to_num(np.nanmean(X, axis=0), nan=0.0)
         for part in (X, X_val, X_test):
@@ -111,7 +172,7 @@ def prepare(
         X_test=f32(X_test),
         y_test=np.asarray(y_test, dtype=np.int64),
         n_classes=len(raw.classes),
-        feature_names=list(raw.feature_names),
+        feature_names=feature_names,
         classes=list(raw.classes),
         image_shape=raw.image_shape,
         notes=notes,

@@ -1,0 +1,36 @@
+"""Checks shared by the file loaders: one DataError naming the file for every way reading it can fail."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from pathlib import Path
+
+from secvfl.errors import DataError
+
+__all__ = ["check_readable_file", "describe_read_error", "READ_ERRORS"]
+
+# What reading a (possibly gzipped) text file raises on a bad file; zlib.error is not an OSError.
+READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError)
+
+
+def check_readable_file(path: Path, what: str, spec: str) -> None:
+    """DataError unless ``path`` is an existing, readable regular file (``spec`` shows how to name one)."""
+    if not path.exists():
+        raise DataError(f"{what} {path} does not exist; pass {spec} with an existing file")
+    if path.is_dir():
+        raise DataError(f"{what} {path} is a directory; pass {spec} with a file")
+    if not path.is_file():
+        raise DataError(f"{what} {path} is not a regular file; pass {spec} with a file")
+    if not os.access(path, os.R_OK):
+        raise DataError(f"{what} {path} is not readable (permission denied); fix its permissions or copy it")
+
+
+def describe_read_error(exc: BaseException) -> str:
+    """The cause of a read failure in words (a corrupt gzip stream says so instead of 'Error -3')."""
+    if isinstance(exc, (zlib.error, EOFError, gzip.BadGzipFile)):
+        return f"corrupt or truncated gzip data ({exc})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})"
+    return str(exc)
