@@ -5,7 +5,7 @@ own objects) and states its threat model; ground truth is used only to score it.
 :data:`ATTACKS`.
 """
 
-from attacks.base import ATTACKS, FEATURE_RECONSTRUCTION, LABEL_INFERENCE, Attack, AttackResult
+from attacks.base import ATTACKS, FEATURE_RECONSTRUCTION, LABEL_INFERENCE, Attack, AttackResult, RunOutline
 from attacks.feature_reconstruction import (
     EquationSolving,
     GenerativeRegressionNetwork,
@@ -49,7 +49,7 @@ from attacks.model_completion import (
 from attacks.observations import GradientBatch, observe_gradients
 
 __all__ = [
-    "ATTACKS", "FEATURE_RECONSTRUCTION", "LABEL_INFERENCE", "Attack", "AttackResult",
+    "ATTACKS", "FEATURE_RECONSTRUCTION", "LABEL_INFERENCE", "Attack", "AttackResult", "RunOutline",
     "GradientBatch", "observe_gradients",
     "NormScoring", "DirectionScoring", "DirectLabelInference", "norm_scores", "direction_scores",
     "direction_cluster_predictions", "direct_predictions", "sample_known_labels",

@@ -12,9 +12,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from protocols.base import AlgorithmTraits
+from secvfl.errors import UnsupportedError
 from secvfl.registry import Registry
 
-__all__ = ["Attack", "AttackResult", "ATTACKS", "LABEL_INFERENCE", "FEATURE_RECONSTRUCTION"]
+__all__ = ["Attack", "AttackResult", "RunOutline", "ATTACKS", "LABEL_INFERENCE", "FEATURE_RECONSTRUCTION"]
 
 LABEL_INFERENCE = "label-inference"
 FEATURE_RECONSTRUCTION = "feature-reconstruction"
@@ -68,17 +70,53 @@ def _finite_or_none(x: float | None) -> float | None:
     return x if math.isfinite(x) else None
 
 
+@dataclass(frozen=True)
+class RunOutline:
+    """What is known of a training run before it trains: enough for an attack to say whether it can serve it."""
+
+    algo: str
+    traits: AlgorithmTraits
+    # One bottom model per feature party, a head at the label party and one gradient message per party and training
+    # batch (splitnn, vafl, fdml): the shape the harness records, pairs with batch ids and rebuilds white-box.
+    split_model: bool
+    dataset: str  # as a person reads it (a file name, not a path)
+    n_classes: int
+    feature_parties: tuple[str, ...]
+    linear: bool = False  # every bottom model and the head are one linear layer
+    image_parties: bool = False  # every party holds an image region (h, w)
+
+
 class Attack(ABC):
     """One attack. Subclasses set ``name``, ``family``, ``metric`` and ``threat_model`` and implement ``run``.
 
     ``run`` takes the attacker's observations and knowledge as keyword arguments (each attack documents its own) and
-    the ground truth used only for scoring.
+    the ground truth used only for scoring. What an attack needs of a training run is declared (``reads``,
+    ``binary_only``) and checked by :meth:`check` before any training.
     """
 
     name: ClassVar[str] = "attack"
     family: ClassVar[str] = LABEL_INFERENCE
     metric: ClassVar[str] = "accuracy"
     threat_model: ClassVar[str] = ""
+    #: What the attack reads of a split model (see :class:`RunOutline`), for the reason a run is refused.
+    reads: ClassVar[str] = "it reads the gradient its party receives for every training batch"
+    #: The attack scores a positive class against the rest, so it needs a binary task.
+    binary_only: ClassVar[bool] = False
+
+    @classmethod
+    def check(cls, run: RunOutline, **options: Any) -> None:
+        """Raise :class:`UnsupportedError` (why, and what to use instead) if this attack cannot serve ``run`` with
+        these attack ``options``; subclasses add their own needs after calling this."""
+        if not run.split_model:
+            raise UnsupportedError(
+                f"--attack {cls.name} needs a split model ({cls.reads}) and {run.algo} is not one; use --algo "
+                "splitnn, vafl or fdml"
+            )
+        if cls.binary_only and run.n_classes != 2:
+            raise UnsupportedError(
+                f"--attack {cls.name} needs a binary task and {run.dataset} has {run.n_classes} classes; use --attack "
+                "direction (it clusters the gradients of several classes) or --attack direct with --algo fdml"
+            )
 
     @abstractmethod
     def run(self, **inputs: Any) -> AttackResult:

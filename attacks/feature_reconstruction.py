@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from attacks.base import ATTACKS, FEATURE_RECONSTRUCTION, Attack, AttackResult
+from attacks.base import ATTACKS, FEATURE_RECONSTRUCTION, Attack, AttackResult, RunOutline
 from attacks.metrics import feature_mse, random_guess_mse
-from secvfl.errors import ConfigError, DataError
+from secvfl.errors import ConfigError, DataError, UnsupportedError
 
 __all__ = [
     "GRNConfig",
@@ -47,6 +47,10 @@ __all__ = [
 ]
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: Why equation solving refuses a model (before training, from the configuration, and after, by probing the model).
+NOT_LINEAR = ("equation solving needs a logistic-regression-type (linear) model; this {algo} model is not linear. "
+              "Train with --hidden '' --head-hidden '' (linear MLP bottoms and head), or use --attack grn")
 
 
 def _bounds(truth: np.ndarray, bounds: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray]:
@@ -259,6 +263,7 @@ class GenerativeRegressionNetwork(Attack):
     family = FEATURE_RECONSTRUCTION
     metric = "1-mse"
     threat_model = _ACTIVE_PARTY
+    reads = "it inverts the whole trained model"
 
     def __init__(self, config: GRNConfig | None = None) -> None:
         self.config = config or GRNConfig()
@@ -281,6 +286,13 @@ class EquationSolving(Attack):
     family = FEATURE_RECONSTRUCTION
     metric = "1-mse"
     threat_model = _ACTIVE_PARTY + " The model is logistic-regression-type (one linear layer, sigmoid or softmax)."
+    reads = "it inverts the whole trained model"
+
+    @classmethod
+    def check(cls, run: RunOutline, **options: Any) -> None:
+        super().check(run, **options)
+        if not run.linear:
+            raise UnsupportedError(NOT_LINEAR.format(algo=run.algo))
 
     def run(self, *, weight: Any, bias: Any, x_adv: Any, scores: Any, adv_columns: Sequence[int],
             target_columns: Sequence[int], target_features: Any, scores_are: str = "probabilities",

@@ -10,9 +10,12 @@ from typing import Any
 import numpy as np
 
 from attacks.harness import (
+    check_attack,
     check_defence_available,
     defence_options,
     label_inference,
+    make_out_dir,
+    outline_run,
     train_recorded,
     undefended,
 )
@@ -34,24 +37,42 @@ def _stat(values: Sequence[float]) -> dict[str, float] | None:
 
 def run_grid(base: TrainConfig, defences: Sequence[str], seeds: Sequence[int], attacks: Sequence[str], *,
              attacker: str = "party0", known_positives: int = 1, out_dir: Path | None = None, keep_runs: bool = False,
-             log: Callable[[str], None] = print) -> dict[str, Any]:
+             log: Callable[[str], None] = print, progress: bool = False) -> dict[str, Any]:
     """Train one run per (defence, seed) with the attacker's view recorded, attack it, and summarise.
 
     MP* is the undefended run of the same seed (``none``, trained even when not listed); AP* is chance (0.5 AUC).
-    A defence the algorithm cannot use is reported as refused, with the reason, instead of failing the suite.
+    A defence the algorithm cannot use is reported as refused, with the reason, instead of failing the suite; so is
+    an attack that cannot serve the algorithm or dataset (decided before any training). When no attack can, the
+    grid is refused before training.
     """
     specs = list(dict.fromkeys(["none", *defences]))
     options = {spec: defence_options(spec) for spec in specs}  # unknown specs fail before any training
     plain = undefended(base)
+    outline = outline_run(plain)
+    not_applicable: dict[str, str] = {}
+    for attack in attacks:
+        try:
+            check_attack(outline, attack, attacker=attacker, known_positives=known_positives)
+        except UnsupportedError as exc:
+            not_applicable[attack] = str(exc)
+    usable = [a for a in attacks if a not in not_applicable]
+    if not usable:
+        raise UnsupportedError(f"none of the attacks can serve {base.algo} on {outline.dataset}: "
+                               + "; ".join(f"{a}: {why}" for a, why in not_applicable.items()))
+    if out_dir is not None:
+        make_out_dir(out_dir)
+    log(f"attack grid: {base.algo} on {outline.dataset}, defences {', '.join(specs)}, attacks {', '.join(usable)}, "
+        f"seeds {', '.join(map(str, seeds))}" + (f" -> {out_dir}" if out_dir is not None else ""))
     runs: list[dict[str, Any]] = []
     for seed in seeds:
         for spec in specs:
-            entry: dict[str, Any] = {"defence": spec, "seed": seed, "ap": {}, "details": {}, "not_applicable": {}}
+            entry: dict[str, Any] = {"defence": spec, "seed": seed, "ap": {}, "details": {},
+                                     "not_applicable": dict(not_applicable)}
             try:
                 check_defence_available(options[spec], spec)
                 cfg = replace(plain, seed=seed, options={**plain.options, **options[spec]})
                 run_dir = out_dir / "runs" / f"{spec.replace(':', '-')}-seed{seed}" if keep_runs and out_dir else None
-                rec = train_recorded(cfg, attacker, run_dir=run_dir, log=lambda _msg: None)
+                rec = train_recorded(cfg, attacker, run_dir=run_dir, log=lambda _msg: None, progress=progress)
             except UnsupportedError as exc:
                 entry["refused"] = str(exc)
                 log(f"  {spec:>10} seed {seed}: refused ({str(exc).splitlines()[0]})")
@@ -62,7 +83,7 @@ def run_grid(base: TrainConfig, defences: Sequence[str], seeds: Sequence[int], a
             if privacy:
                 entry["privacy"] = {k: privacy.get(k) for k in ("epsilon", "delta", "mechanism", "noise_multiplier")
                                     if k in privacy}
-            for attack in attacks:
+            for attack in usable:
                 try:
                     result, _ = label_inference(rec, attack, known_positives=known_positives, seed=seed)
                 except UnsupportedError as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -23,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from attacks.base import AttackResult
-from attacks.feature_reconstruction import EquationSolving, GenerativeRegressionNetwork, GRNConfig
+from attacks.base import ATTACKS, LABEL_INFERENCE, Attack, AttackResult, RunOutline
+from attacks.feature_reconstruction import NOT_LINEAR, EquationSolving, GenerativeRegressionNetwork, GRNConfig
 from attacks.label_inference import DirectionScoring, DirectLabelInference, NormScoring, sample_known_labels
 from attacks.malicious_optimizer import MaliciousOptimizer
 from attacks.metrics import randomized_response_ceiling
@@ -48,6 +49,13 @@ __all__ = [
     "label_inference",
     "model_completion",
     "feature_reconstruction",
+    "outline_run",
+    "outline_of",
+    "check_attack",
+    "check_run",
+    "check_out_dir",
+    "make_out_dir",
+    "short_dataset_name",
     "LABEL_ATTACKS",
 ]
 
@@ -74,8 +82,8 @@ def defence_options(spec: str) -> dict[str, Any]:
 
     if name == "none" and not arg:
         return {}
-    if name == "dp":
-        return {"privacy": "dp", "epsilon": number()}
+    if name == "dp":  # the gradient mechanism, whatever --dp-mechanism auto would choose for the task
+        return {"privacy": "dp", "epsilon": number(), "dp_mechanism": "gradient"}
     if name == "rr":
         return {"privacy": "dp", "epsilon": number(), "dp_mechanism": "rr"}
     if name == "dpf":
@@ -136,6 +144,123 @@ def main_task(metrics: dict[str, float]) -> tuple[str, float]:
     if "accuracy" in metrics:
         return "accuracy", float(metrics["accuracy"])
     raise DataError(f"the run reported no accuracy or AUC (metrics {sorted(metrics)})")
+
+
+# --- what attacks need of a run, known before it trains ----------------------------------------------------------------
+
+
+def short_dataset_name(spec: str) -> str:
+    """A dataset spec as a person reads it: ``csv:/data/2024/loans.csv:default`` -> ``loans.csv``."""
+    kind, _, rest = spec.partition(":")
+    if kind in ("csv", "idx", "svmlight") and rest:
+        # Path(...).name drops the folders (and a Windows drive); what follows a ':' in the name is csv's label.
+        return Path(rest.split(",")[0]).name.split(":")[0] or spec
+    return spec
+
+
+def _is_split_model(algo_cls: type) -> bool:
+    from secvfl.algorithms.split import FDML, VAFL, SplitNN
+
+    return issubclass(algo_cls, (SplitNN, VAFL, FDML))
+
+
+def _linear_config(cfg: TrainConfig, aggregation: str) -> bool:
+    # fdml's head ("sum") only adds a bias, so --head-hidden does not apply to it.
+    return cfg.bottom == "mlp" and not cfg.hidden and (not cfg.head_hidden or aggregation == "sum")
+
+
+def _feature_parties(algo_cls: type, n_blocks: int) -> tuple[str, ...]:
+    from protocols.base import Role
+
+    return tuple(p for p, role in algo_cls.party_roles(n_blocks).items() if role == Role.FEATURE)
+
+
+def outline_run(cfg: TrainConfig) -> RunOutline:
+    """What attacks need to know of the run ``cfg`` describes, without building it: the algorithm's traits and, from
+    the raw data (read once, without splitting, standardising or building a model), the number of classes."""
+    from secvfl.algorithms import get_algorithm
+    from secvfl.data import load_raw
+
+    algo_cls = get_algorithm(cfg.algo)
+    _, raw = load_raw(cfg.dataset, cfg.data_dir)
+    return RunOutline(cfg.algo, algo_cls.traits, _is_split_model(algo_cls), short_dataset_name(cfg.dataset),
+                      len(raw.classes), _feature_parties(algo_cls, cfg.parties),
+                      linear=_linear_config(cfg, algo_cls.traits.aggregation),
+                      image_parties=raw.image_shape is not None and cfg.image_split != "columns")
+
+
+def outline_of(run: Any) -> RunOutline:
+    """The outline of a built (e.g. loaded) run."""
+    cfg, algo_cls, part = run.cfg, type(run.algorithm), run.ctx.partition
+    return RunOutline(cfg.algo, algo_cls.traits, _is_split_model(algo_cls), short_dataset_name(cfg.dataset),
+                      run.ctx.data.n_classes, _feature_parties(algo_cls, part.n_blocks),
+                      linear=_linear_config(cfg, algo_cls.traits.aggregation),
+                      image_parties=all(shape is not None for shape in part.block_shapes))
+
+
+def attack_class(name: str) -> type[Attack]:
+    """The attack registered as ``name`` (importing this module registers every built-in attack)."""
+    if name not in ATTACKS:
+        raise ConfigError(f"unknown attack {name!r}; choose one of {', '.join(ATTACKS.names())}")
+    return ATTACKS.get(name)
+
+
+def check_attack(outline: RunOutline, attack: str, *, attacker: str | None = None, target: str | None = None,
+                 **options: Any) -> None:
+    """Refuse (one line: why, what instead) an attack, with its options, attacker and target, that cannot serve the
+    run. ``attacker``: the feature party of a label inference attack; ``target``: the feature party whose features
+    a reconstruction attack wants."""
+    cls = attack_class(attack)
+    cls.check(outline, **options)
+    parties = ", ".join(outline.feature_parties) or "(none)"
+    if attacker is not None and cls.family == LABEL_INFERENCE and attacker not in outline.feature_parties:
+        raise ConfigError(f"--attacker {attacker!r} is not a feature party; label inference attackers are the feature "
+                          f"parties {parties}")
+    if target is not None and target not in outline.feature_parties:
+        raise ConfigError(f"--target {target!r} is not a feature party; the feature parties are {parties}")
+
+
+def check_run(cfg: TrainConfig, attacks: Sequence[str], *, attacker: str | None = None, target: str | None = None,
+              **options: Any) -> RunOutline:
+    """Check, before anything is built or trained, that every attack can serve the run ``cfg`` describes."""
+    outline = outline_run(cfg)
+    for name in attacks:
+        check_attack(outline, name, attacker=attacker, target=target, **options)
+    return outline
+
+
+# --- the output directory ---------------------------------------------------------------------------------------------
+
+
+def check_out_dir(out: Path, what: str = "--out") -> None:
+    """Refuse, without creating anything, an output directory that cannot be created or would overwrite results.
+
+    ``what`` names the directory in the message: the flag that gave it, or e.g. "the default output directory".
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{what} {out} is a file; give a directory (--out DIR) to hold the runs, the summary and "
+                          "the plots")
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"{what} {out} already holds files; give a new or empty directory (--out DIR) so that "
+                          "nothing is overwritten")
+    ancestor = out.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{what} {out}: {ancestor} is a file, so the directory cannot be created there")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {out}: {ancestor} is not writable; give another directory with --out")
+
+
+def make_out_dir(out: Path, what: str = "--out") -> Path:
+    """Create the output directory (checked again: time may have passed since the first check)."""
+    check_out_dir(out, what)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{what} {out}: cannot create the directory ({exc.strerror or exc}); give another "
+                          "directory with --out") from None
+    return out
 
 
 # --- recorded views ---------------------------------------------------------------------------------------------------
@@ -226,10 +351,20 @@ def _view_path(run_dir: Path, attacker: str) -> Path:
 
 
 def train_recorded(cfg: TrainConfig, attacker: str = "party0", *, run_dir: Path | None = None,
-                   malicious_gamma: float | None = None, log: Callable[[str], None] = print) -> RecordedRun:
-    """Train like ``secvfl train`` while recording ``attacker``'s view; optionally make it malicious (active MC)."""
+                   malicious_gamma: float | None = None, log: Callable[[str], None] = print,
+                   attacks: Sequence[str] = (), attack_options: dict[str, Any] | None = None,
+                   progress: bool = False) -> RecordedRun:
+    """Train like ``secvfl train`` while recording ``attacker``'s view; optionally make it malicious (active MC).
+
+    ``attacks`` (names, with ``attack_options``) are checked against the run before anything is built or written,
+    so a combination they cannot serve costs no training. ``progress``: the runner's progress bar.
+    """
     from secvfl.runner import run_training
 
+    if attacks:
+        outline = outline_run(cfg)
+        for name in attacks:
+            check_attack(outline, name, attacker=attacker, **(attack_options or {}))
     held: dict[str, Any] = {}
 
     def on_build(run: Any) -> None:
@@ -243,7 +378,7 @@ def train_recorded(cfg: TrainConfig, attacker: str = "party0", *, run_dir: Path 
                 raise UnsupportedError(f"{attacker} has no optimiser to make malicious")
             party.optimizer = MaliciousOptimizer(party.optimizer, gamma=malicious_gamma)
 
-    summary = run_training(cfg, out=run_dir, progress=False, log=log, on_build=on_build)
+    summary = run_training(cfg, out=run_dir, progress=progress, log=log, on_build=on_build)
     run, view = held["run"], held["view"]
     if view.received_of("gradient"):
         view = _annotate(view, _batch_ids(run, cfg))
@@ -279,22 +414,29 @@ def gradient_observations(rec: RecordedRun) -> list[GradientBatch]:
     return observe_gradients(rec.view)
 
 
-def _rr_ceiling(cfg: TrainConfig, n_classes: int) -> float | None:
-    if cfg.option("privacy") == "dp" and cfg.option("dp_mechanism") == "rr" and cfg.option("epsilon"):
-        return randomized_response_ceiling(float(cfg.option("epsilon")), max(n_classes, 2))
+# Label mechanisms that are pure epsilon-label-DP: no attacker guesses a label better than randomized response at
+# the same epsilon, e^eps / (e^eps + K - 1) (the gradient mechanism is (epsilon, delta)-DP and has no such ceiling).
+_PURE_LABEL_DP = ("rr", "rr-prior", "alibi")
+
+
+def _rr_ceiling(run: Any, n_classes: int) -> float | None:
+    """The ceiling of the run's label-DP mechanism as the run resolved it (``auto`` included), or None."""
+    for layer in run.net.describe().get("layers", []):
+        if layer.get("layer") == "dp" and layer.get("protects") == "labels" and layer.get("mechanism") in _PURE_LABEL_DP:
+            return randomized_response_ceiling(float(layer["epsilon"]), max(n_classes, 2))
     return None
 
 
 def label_inference(rec: RecordedRun, attack: str, *, known_positives: int = 1, known_scope: str = "batch",
                     seed: int = 0) -> tuple[AttackResult, Any]:
     """Run a gradient-based label inference attack; returns the result and the attack object (for plots)."""
+    if attack not in ("norm", "direction", "direct"):
+        raise ConfigError(f"unknown gradient attack {attack!r}; choose norm, direction or direct")
+    check_attack(outline_of(rec.run), attack, attacker=rec.attacker, known_positives=known_positives)
     data = rec.run.ctx.data
     y = data.y_train
     obs = gradient_observations(rec)
     if attack == "norm":
-        if data.n_classes != 2:
-            raise UnsupportedError("norm scoring is a binary attack; use --attack direction or direct for "
-                                   f"{data.n_classes} classes")
         obj: Any = NormScoring()
         result = obj.run(gradients=obs, labels=y)
     elif attack == "direction":
@@ -305,15 +447,10 @@ def label_inference(rec: RecordedRun, attack: str, *, known_positives: int = 1, 
         obj = DirectionScoring()
         result = obj.run(gradients=obs, labels=y, known=known, n_classes=data.n_classes, seed=seed)
         result.details.update(known_scope=known_scope, known_per_scope=known_positives)
-    elif attack == "direct":
-        if rec.run.algorithm.traits.forward_kinds != ("logits",):
-            raise UnsupportedError(f"direct label inference reads gradients w.r.t. logits; {rec.cfg.algo} parties send "
-                                   f"{list(rec.run.algorithm.traits.forward_kinds)} (use --algo fdml)")
+    else:
         obj = DirectLabelInference()
         result = obj.run(gradients=obs, labels=y)
-    else:
-        raise ConfigError(f"unknown gradient attack {attack!r}; choose norm, direction or direct")
-    ceiling = _rr_ceiling(rec.cfg, data.n_classes)
+    ceiling = _rr_ceiling(rec.run, data.n_classes)
     if ceiling is not None:
         result.details["rr_ceiling"] = ceiling
     result.details["attacker"] = rec.attacker
@@ -340,6 +477,8 @@ def model_completion(rec: RecordedRun, known_sizes: Sequence[int], *, config: Co
     """Passive model completion with each number of known labels, on the attacker's own bottom model and rows."""
     from attacks.model_completion import ActiveModelCompletion
 
+    check_attack(outline_of(rec.run), name, attacker=rec.attacker, known_labels=tuple(known_sizes),
+                 method=config.method if config else "auto")
     k = rec.party_index
     data, part = rec.run.ctx.data, rec.run.ctx.partition
     bottom = rec.run.algorithm.feature_parties[k].model
@@ -397,9 +536,8 @@ def feature_reconstruction(rec: RecordedRun, attack: str, target: str, *, grn: G
                            rows: int = 0, seed: int = 0) -> AttackResult:
     """Reconstruct ``target``'s test-split features from the federation's prediction scores (attacker: label party,
     white-box, holding every other party's features)."""
+    check_attack(outline_of(rec.run), attack, target=target)
     names = [fp.name for fp in rec.run.algorithm.feature_parties]
-    if target not in names:
-        raise ConfigError(f"--target {target!r} is not a feature party; feature parties are {names}")
     t = names.index(target)
     data, part = rec.run.ctx.data, rec.run.ctx.partition
     scores = rec.run.algorithm.predict_proba("test")  # what the federation returns to the label party
@@ -453,10 +591,7 @@ def _linear_model(rec: RecordedRun, n_blocks: int) -> tuple[np.ndarray, np.ndarr
         b = z[0]
         probe = np.random.default_rng(0).normal(size=(16, d))
         if not np.allclose(logits(probe), probe @ w_perm.T + b, atol=1e-6 * (1 + np.abs(z).max())):
-            raise UnsupportedError(
-                f"equation solving needs a logistic-regression-type (linear) model; this {algo.name} model is not "
-                "linear. Train with --hidden '' --head-hidden '' (linear bottoms and head), or use --attack grn"
-            )
+            raise UnsupportedError(NOT_LINEAR.format(algo=algo.name))
     weight = np.zeros((w_perm.shape[0], d))
     weight[:, order] = w_perm  # back to dataset column order
     return weight, b

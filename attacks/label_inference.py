@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from attacks.base import ATTACKS, Attack, AttackResult
+from attacks.base import ATTACKS, Attack, AttackResult, RunOutline
 from attacks.metrics import accuracy, best_label_matching, majority_rate, per_batch_auc
 from attacks.observations import GradientBatch, observe_gradients
-from secvfl.errors import ConfigError, DataError
+from secvfl.errors import ConfigError, DataError, UnsupportedError
 
 __all__ = [
     "norm_scores",
@@ -246,6 +246,7 @@ class NormScoring(Attack):
     name = "norm"
     metric = "auc"
     threat_model = _FEATURE_PARTY + " Needs no known labels; assumes the positive class is the rarer one."
+    binary_only = True
 
     def run(self, *, gradients: Any, labels: Any, ids: Sequence[Any] | None = None, **_: Any) -> AttackResult:
         """``gradients``: a View or batches (see :func:`observe_gradients`); ``labels``: truth indexed by row id."""
@@ -266,6 +267,13 @@ class DirectionScoring(Attack):
     metric = "auc"
     threat_model = (_FEATURE_PARTY + " Knows the labels of a few examples (binary: known positives, in every batch "
                     "or only a few overall; multi-class: a few labelled rows to name gradient clusters).")
+
+    @classmethod
+    def check(cls, run: RunOutline, *, known_positives: int = 1, **options: Any) -> None:
+        super().check(run, **options)
+        if known_positives < 1:
+            raise ConfigError(f"--known-positives must be at least 1 (direction scoring orients the gradients by known "
+                              f"{'positives' if run.n_classes == 2 else 'labels'}), got {known_positives}")
 
     def run(self, *, gradients: Any, labels: Any, known: Mapping[int, int], n_classes: int = 2,
             ids: Sequence[Any] | None = None, seed: int = 0, **_: Any) -> AttackResult:
@@ -299,6 +307,13 @@ class DirectLabelInference(Attack):
     metric = "accuracy"
     threat_model = (_FEATURE_PARTY + " Its outputs are logits that the label party adds up (fdml), so it receives "
                     "d loss / d logits. Needs no known labels.")
+
+    @classmethod
+    def check(cls, run: RunOutline, **options: Any) -> None:
+        super().check(run, **options)
+        if run.traits.forward_kinds != ("logits",):
+            raise UnsupportedError(f"direct label inference reads gradients w.r.t. logits; {run.algo} parties send "
+                                   f"{', '.join(run.traits.forward_kinds) or 'nothing'} (use --algo fdml)")
 
     def run(self, *, gradients: Any, labels: Any, ids: Sequence[Any] | None = None, **_: Any) -> AttackResult:
         batches = observe_gradients(gradients, ids=ids)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attacks.base import ATTACKS, Attack, AttackResult
+from attacks.base import ATTACKS, Attack, AttackResult, RunOutline
 from attacks.metrics import accuracy, majority_rate
 from secvfl.errors import ConfigError, DataError
 
@@ -305,6 +305,17 @@ class PassiveModelCompletion(Attack):
     name = "model-completion"
     metric = "accuracy"
     threat_model = _PASSIVE
+    reads = "it completes its party's trained bottom model"
+
+    @classmethod
+    def check(cls, run: RunOutline, *, known_labels: tuple[int, ...] = (40,), method: str = "auto",
+              **options: Any) -> None:
+        super().check(run, **options)
+        if not known_labels or min(known_labels) < 1:
+            raise ConfigError(f"--known-labels needs numbers of known labels >= 1, got {list(known_labels)}")
+        if method == "mixmatch" and not run.image_parties:
+            raise ConfigError(f"--completion-method mixmatch augments images and {run.dataset} gives its parties no "
+                              "image regions; use --completion-method label-spreading (or auto)")
 
     def __init__(self, config: CompletionConfig | None = None, image_shape: tuple[int, int] | None = None,
                  baselines: bool = True) -> None:
@@ -372,3 +383,9 @@ class ActiveModelCompletion(PassiveModelCompletion):
         "(r = clamp(1 + gamma g_t / g_(t-1), 1, 5)) so its bottom model carries more of the prediction, and "
         "otherwise follows the protocol; afterwards as in passive model completion. " + _PASSIVE
     )
+
+    @classmethod
+    def check(cls, run: RunOutline, *, gamma: float = 1.0, **options: Any) -> None:
+        super().check(run, **options)
+        if not (math.isfinite(gamma) and gamma >= 0):
+            raise ConfigError(f"--gamma must be a finite number >= 0 (0: an honest run), got {gamma}")

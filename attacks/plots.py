@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from secvfl.io import write_bytes_atomic
 
 __all__ = ["plot_label_scores", "plot_completion", "plot_reconstruction", "plot_grid"]
 
@@ -20,11 +24,31 @@ def _pyplot():  # noqa: ANN202
     return plt
 
 
+_TITLE_PT = 11
+
+
+def _wrapped(text: str, width_in: float) -> str:
+    """``text`` in lines that fit ``width_in`` inches at the title font (a character is about 0.55 em wide)."""
+    chars = max(20, int(width_in * 72 / (0.55 * _TITLE_PT)))
+    return "\n".join(textwrap.wrap(text, chars)) or text
+
+
+def _title(fig, text: str, ax=None) -> None:  # noqa: ANN001 - matplotlib figure and axes
+    """A title that fits: wrapped to the axes (or, for a figure title, the figure) width, never cut off."""
+    if ax is None:
+        fig.suptitle(_wrapped(text, 0.95 * fig.get_figwidth()), fontsize=_TITLE_PT)
+    else:
+        width = ax.get_position().width * fig.get_figwidth()
+        ax.set_title(_wrapped(text, width), fontsize=_TITLE_PT)
+
+
 def _save(plt, fig, path: Path) -> Path:  # noqa: ANN001 - pyplot module and figure
-    """Lay out, write at 120 dpi and close (figures are not kept open between plots)."""
+    """Lay out, write at 120 dpi atomically and close (figures are not kept open between plots)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
     return path
 
 
@@ -60,7 +84,7 @@ def plot_label_scores(path: Path, scores: Sequence[np.ndarray], truth: Sequence[
         b.legend(fontsize=8)
     b.set_xlabel("per-batch AUC")
     b.set_ylabel("batches")
-    fig.suptitle(title)
+    _title(fig, title)
     return _save(plt, fig, path)
 
 
@@ -85,7 +109,7 @@ def plot_completion(path: Path, rows: Sequence[dict[str, Any]], title: str) -> P
     ax.set_xscale("log")
     ax.set_xlabel("known labels N")
     ax.set_ylabel("top-1 accuracy")
-    ax.set_title(title)
+    _title(fig, title, ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(plt, fig, path)
@@ -108,7 +132,7 @@ def plot_reconstruction(path: Path, details: dict[str, Any], title: str) -> Path
                 label=f"each feature's mean (mean {details['mean_guess_mse']:.4f})")
     ax.set_xlabel("target feature")
     ax.set_ylabel("MSE, features scaled to [0, 1]")
-    ax.set_title(title)
+    _title(fig, title, ax)
     ax.legend(fontsize=8)
     return _save(plt, fig, path)
 
@@ -131,7 +155,7 @@ def plot_grid(path: Path, rows: Sequence[dict[str, Any]], attacks: Sequence[str]
     ax.axhline(0.5, color="k", ls="--", lw=0.8)
     ax.set_xlabel(f"main-task performance MP (test {mp_name})")
     ax.set_ylabel("attack performance AP (mean per-batch AUC)")
-    ax.set_title(title)
+    _title(fig, title, ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(plt, fig, path)
