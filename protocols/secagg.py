@@ -3,9 +3,10 @@ and nothing else about any single party's tensor.
 
 Protocol (pairwise additive masking, after Bonawitz et al. 2017, without the secret-sharing recovery round)::
 
-    key agreement, once per pair of parties      every party sends an X25519 public key to every other party
+    key agreement, once per pair and epoch       every party sends an X25519 public key to every other party
                                                  (``secagg-key`` messages, counted by the transport); each pair
-                                                 derives a 32-byte pair seed with HKDF-SHA256
+                                                 derives a 32-byte pair seed with HKDF-SHA256 (fresh keys every
+                                                 epoch, see ``start_epoch``; keys are never checkpointed)
     per round r (one call of ``aggregate``)      party i sends  y_i = enc(x_i) + sum_{j>i} PRG(s_ij, r)
                                                                               - sum_{j<i} PRG(s_ij, r)   (mod 2^64)
                                                  (``masked`` messages: int64 tensors)
@@ -35,11 +36,15 @@ Who sees what: with a party of role :attr:`~protocols.base.Role.AGGREGATOR` in t
 there and only their (still encoded) sum goes to the receiver; otherwise the receiver adds the masked vectors itself.
 Either way no party sees an unmasked tensor of another party.
 
-Dropouts: a party that does not deliver its key or masked vector makes the round fail with
-:class:`PartyDroppedError` naming it. The messages the others delivered are discarded, the round number is burnt,
-nothing reaches the receiver and no key state changes, so the caller retries the round without the dropped party
-(masks are then drawn only between the remaining parties, under a fresh round number). There is no recovery of a
-dropped party's masks (that would need Shamir shares of the pair seeds); a retry is cheaper at VFL's party counts.
+Dropouts: a party that does not deliver an acceptable key or masked vector (nothing arrives, the bytes do not
+decode, a layer refuses them, or the share is not the round's int64 tensors) makes the round fail as a whole: the
+messages the others delivered are discarded, the round number is burnt, nothing reaches the receiver and no key
+state changes. :meth:`MaskedAggregation.aggregate` then retries the round without the dropped party (masks are drawn
+only between the remaining parties, under a fresh round number), so the receiver gets the exact sum of the parties
+that delivered and training goes on; ``describe()`` lists every drop (``dropped``, ``retried_rounds``) and the first
+one is logged. With fewer than 2 parties left it stops with :class:`PartyDroppedError`: a "sum" of one party's tensor
+is that tensor. There is no recovery of a dropped party's masks (that would need Shamir shares of the pair seeds); a
+retry is cheaper at VFL's party counts.
 
 Layers: masked vectors travel as messages of kind ``masked`` (and ``masked-sum``), so layers that act on the
 algorithm's float kinds (``embedding``, ``logits``) leave them alone, and an outermost secure channel seals them.
@@ -48,8 +53,9 @@ algorithm's float kinds (``embedding``, ``logits``) leave them alone, and an out
 from __future__ import annotations
 
 import json
+import logging
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -86,17 +92,21 @@ _SUPPORTED_OPS = ("sum", "mean")
 _VALID_AGGREGATIONS = ("sum", "mean", "subset-mean")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
+log = logging.getLogger(__name__)
+
 # drop_hook(party, phase, round) -> True: the party does not deliver in that phase ("keys" or "masked").
 DropHook = Callable[[str, str, int], bool]
 
 
 class PartyDroppedError(ProtocolError):
-    """A party did not deliver during a masked-aggregation round; retry the round without :attr:`parties`."""
+    """A party did not deliver during a masked-aggregation round (``phase`` "keys" or "masked"); the round can be
+    retried without :attr:`parties`."""
 
-    def __init__(self, message: str, parties: Sequence[str], round_number: int) -> None:
+    def __init__(self, message: str, parties: Sequence[str], round_number: int, phase: str = "masked") -> None:
         super().__init__(message)
         self.parties = tuple(parties)
         self.round_number = round_number
+        self.phase = phase
 
 
 @dataclass(frozen=True)
@@ -216,6 +226,8 @@ class MaskedAggregation(Aggregation):
 
     ``drop_hook(party, phase, round)`` models a party that stops responding: returning True makes ``party`` not
     deliver in that phase (``"keys"`` or ``"masked"``) of that round. Used in tests and fault-injection runs.
+    A round a party drops out of is retried without it (module docstring, "Dropouts"); :attr:`dropped` lists
+    ``{"step", "round", "party", "phase"}`` per drop and :attr:`retried_rounds` counts the retries.
     """
 
     name: ClassVar[str] = "mask"
@@ -229,6 +241,8 @@ class MaskedAggregation(Aggregation):
         self._next_round = 0
         self.rounds_completed = 0
         self.rounds_failed = 0
+        self.retried_rounds = 0
+        self.dropped: list[dict[str, Any]] = []
 
     # -- contract ------------------------------------------------------------------------------------------
     def check(self, traits: AlgorithmTraits) -> list[str]:
@@ -253,7 +267,30 @@ class MaskedAggregation(Aggregation):
             "key_agreement": "X25519 + HKDF-SHA256",
             "rounds_completed": self.rounds_completed,
             "rounds_failed": self.rounds_failed,
+            "retried_rounds": self.retried_rounds,
+            "dropped": [dict(d) for d in self.dropped],
         }
+
+    # -- epochs and checkpoints ----------------------------------------------------------------------------
+    def start_epoch(self, net: Network, epoch: int) -> None:
+        # Fresh X25519 keys and pair seeds every epoch: a process restarted from a checkpoint cannot have the old
+        # ones (they are never written out: with them and the rounds replayed after the checkpoint, the same masks
+        # would hide two different inputs), so an uninterrupted run renews them at the same points and sends the
+        # same key messages as a resumed one.
+        self._parties.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_round": self._next_round, "rounds_completed": self.rounds_completed,
+                "rounds_failed": self.rounds_failed, "retried_rounds": self.retried_rounds,
+                "dropped": [dict(d) for d in self.dropped]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Round numbers go on from the checkpoint (they are public and never reused; the keys are new anyway).
+        self._next_round = int(state.get("next_round", 0))
+        self.rounds_completed = int(state.get("rounds_completed", 0))
+        self.rounds_failed = int(state.get("rounds_failed", 0))
+        self.retried_rounds = int(state.get("retried_rounds", 0))
+        self.dropped = [dict(d) for d in state.get("dropped", [])]
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _state(self, party: str) -> _MaskingParty:
@@ -310,13 +347,56 @@ class MaskedAggregation(Aggregation):
             raise PartyDroppedError(
                 f"masked aggregation round {round_number} failed: {', '.join(sorted(absent))} did not deliver "
                 "an acceptable key; nothing was aggregated, retry without the dropped party",
-                sorted(absent), round_number,
+                sorted(absent), round_number, phase="keys",
             )
         for (owner, peer), seed in pending.items():
             self._state(owner).commit_seed(peer, seed)
 
     # -- the round -----------------------------------------------------------------------------------------
     def aggregate(self, net: Network, messages: Sequence[Message], receiver: str, op: str) -> Message:
+        """The sum (or mean) of ``messages``' tensors at ``receiver``, over the parties that delivered.
+
+        A round a party drops out of is retried without it, under a fresh round number, until every remaining
+        party delivers; the result's ``meta["dropped"]`` names the parties left out. Fewer than 2 remaining parties
+        stop the aggregation with :class:`PartyDroppedError`.
+        """
+        messages = list(messages)
+        step = messages[0].step if messages else 0
+        left_out: list[str] = []
+        while True:
+            try:
+                out = self._round(net, messages, receiver, op)
+            except PartyDroppedError as exc:
+                self._record_drop(exc, step)
+                messages = [m for m in messages if m.sender not in exc.parties]
+                left_out += exc.parties
+                if len(messages) < 2:
+                    remaining = ", ".join(m.sender for m in messages) or "none"
+                    raise PartyDroppedError(
+                        f"masked aggregation at step {step} cannot go on: {', '.join(sorted(left_out))} dropped out "
+                        f"and {len(messages)} party is left ({remaining}); a sum over one party would reveal its "
+                        "tensor to the receiver, so it stops here (restart when at least 2 feature parties respond)",
+                        sorted(left_out), exc.round_number, exc.phase,
+                    ) from None
+                self.retried_rounds += 1
+                continue
+            if left_out:
+                out = out.replace(meta={**out.meta, "dropped": sorted(left_out)}, wire_size=out.wire_size)
+            return out
+
+    def _record_drop(self, exc: PartyDroppedError, step: int) -> None:
+        first = not self.dropped
+        self.dropped += [{"step": step, "round": exc.round_number, "party": p, "phase": exc.phase}
+                         for p in exc.parties]
+        if first:  # once per run: a flaky party would otherwise flood the log; every drop is in describe()
+            log.warning(
+                "masked aggregation: %s did not deliver its %s in round %d (step %d); the round is retried without "
+                "it (later drops are listed under secagg.dropped in summary.json)",
+                ", ".join(exc.parties), "key" if exc.phase == "keys" else "masked tensor", exc.round_number, step,
+            )
+
+    def _round(self, net: Network, messages: Sequence[Message], receiver: str, op: str) -> Message:
+        """One masking round over exactly ``messages``' senders; :class:`PartyDroppedError` if one does not deliver."""
         if op not in _SUPPORTED_OPS:
             raise UnsupportedError(f"aggregation op must be 'sum' or 'mean', got {op!r}")
         messages = list(messages)
@@ -368,9 +448,9 @@ class MaskedAggregation(Aggregation):
         for s in senders:  # the aggregator collects; stale messages of earlier rounds are discarded
             while True:
                 got = self._take(net, route, MASKED_KIND, s)
-                if got is None or got.meta.get("round") == round_number:
+                if got is None or not _is_stale(got, round_number):
                     break
-            if got is None:
+            if got is None or not _is_share_of(got, meta, layout):
                 absent.append(s)
             else:
                 received.append(got)
@@ -382,9 +462,6 @@ class MaskedAggregation(Aggregation):
                 "retry without the dropped party",
                 absent, round_number,
             )
-        for got in received:
-            if got.meta.get("parties") != meta["parties"]:
-                raise ProtocolError(f"{got.sender} masked for parties {got.meta.get('parties')}, not {senders}")
         total = _wire_sum(received, layout)
         wire = sum(g.wire_size or 0 for g in received)
         if route != receiver:
@@ -405,6 +482,25 @@ class MaskedAggregation(Aggregation):
         self.rounds_completed += 1
         return Message(first.kind, "aggregate", receiver, first.step, out, {},
                        {"op": op, "parties": n, "aggregation": self.name, "round": round_number}, wire_size=wire)
+
+
+def _is_stale(got: Message, round_number: int) -> bool:
+    """A share of an earlier round (left over from a failed one): skipped, not held against its sender."""
+    r = got.meta.get("round") if isinstance(got.meta, Mapping) else None
+    return type(r) is int and r < round_number
+
+
+def _is_share_of(got: Message, meta: dict[str, Any], layout: list[tuple[str, tuple[int, ...], torch.dtype]]) -> bool:
+    """Whether a decoded ``masked`` message is this round's share: same round and parties, int64 tensors of the
+    agreed names and shapes. Anything else counts as not delivered, so one bad share fails the round cleanly."""
+    if not isinstance(got.meta, Mapping):
+        return False
+    if type(got.meta.get("round")) is not int or got.meta["round"] != meta["round"]:
+        return False
+    if got.meta.get("parties") != meta["parties"] or list(got.tensors) != [name for name, _, _ in layout]:
+        return False
+    return all(got.tensors[name].dtype == torch.int64 and tuple(got.tensors[name].shape) == shape
+               for name, shape, _ in layout)
 
 
 def _split(words: np.ndarray, layout: list[tuple[str, tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:

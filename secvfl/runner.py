@@ -3,16 +3,24 @@
 It does the seeding and the I/O; algorithms and protocol layers do neither. Run directory layout::
 
     config.toml       resolved configuration          metrics.jsonl   one line per finished epoch
-    summary.json      final metrics, bytes, timing    checkpoints/    latest.json -> epoch-NNNN/ (one file per party)
+    summary.json      final metrics, bytes, timing    checkpoints/    latest.json -> epoch-NNNN/ (see secvfl.checkpoint)
+    curves.png        loss and validation metric per epoch
+
+A resumed run restores every party's, layer's and generator's state from the last checkpoint and ends with the
+metrics and byte counts of an uninterrupted run; keys that must not be written to disk are renewed at every epoch
+boundary by both (``Network.start_epoch``). A training loss that is not finite stops the run at once.
+``$SECVFL_KILL_AT_BATCH=N`` (a test hook) makes the process SIGKILL itself after the N-th training batch.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import math
+import os
+import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +31,25 @@ import torch
 from protocols.plugins import ProtocolSetup, configure_protocols
 from secvfl.algorithms import get_algorithm
 from secvfl.algorithms.base import Algorithm, RunContext
+from secvfl.checkpoint import discard_after, latest_epoch, load_checkpoint, save_checkpoint
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, block_miss_probabilities, draw_masks, load_dataset, make_partition
 from secvfl.errors import ConfigError
-from secvfl.io import torch_load, torch_save_atomic, write_json_atomic, write_text_atomic
+from secvfl.io import write_json_atomic, write_text_atomic
+from secvfl.rundir import check_out_dir, write_curves, writing
 from secvfl.transport.network import Network
 
-__all__ = ["run_training", "build_run", "Run", "resolve_device", "load_config_file"]
+__all__ = [
+    "run_training",
+    "build_run",
+    "Run",
+    "resolve_device",
+    "load_config_file",
+    "read_run_config",
+    "RESUME_CHANGES",
+    "KILL_AT_BATCH_ENV",
+    "limit_threads",
+]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -38,6 +58,18 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was requested but no CUDA GPU is available; use --device cpu or auto")
     return torch.device(name)
+
+
+def limit_threads(n: int) -> None:
+    """``--threads`` bounds torch's intra-op pool and numpy/scipy's BLAS pools alike.
+
+    The linear algorithms spend their time in BLAS, which otherwise starts one thread per core: on a shared 2-core
+    machine an a9a EG run took 299 s with BLAS's default threads against 26 s with one.
+    """
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(n)
+    threadpool_limits(limits=n)  # process-wide, like torch.set_num_threads (not used as a context manager)
 
 
 def _seed_everything(seed: int) -> None:
@@ -77,7 +109,7 @@ class Run:
 
 def build_run(cfg: TrainConfig) -> Run:
     """Load data, draw masks, assemble the protocol stack and build the algorithm's parties (no training)."""
-    torch.set_num_threads(cfg.threads)
+    limit_threads(cfg.threads)
     _seed_everything(cfg.seed)
     algo_cls = get_algorithm(cfg.algo)
     data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, val_fraction=cfg.val_fraction,
@@ -102,34 +134,11 @@ def build_run(cfg: TrainConfig) -> Run:
     return Run(cfg, ctx, net, algorithm, setups)
 
 
-# -- checkpoints ---------------------------------------------------------------------------------------------
-def _save_checkpoint(run_dir: Path, epoch: int, run: Run, history: list[dict], wall: float) -> None:
-    ck = run_dir / "checkpoints"
-    target = ck / f"epoch-{epoch:04d}"
-    state = run.algorithm.state_dict()
-    for name, pstate in state["parties"].items():  # one file per party: each party keeps its own state
-        torch_save_atomic(target / f"party-{name}.pt", pstate)
-    torch_save_atomic(target / "network.pt", run.net.state_dict())
-    write_json_atomic(target / "run.json", {"epoch": epoch, "step": state["step"], "history": history,
-                                            "wall_seconds": wall, "extra": {k: v for k, v in state.items()
-                                                                            if k not in ("parties", "step")}})
-    write_json_atomic(ck / "latest.json", {"epoch": epoch, "dir": target.name})  # the commit point
-    for old in ck.glob("epoch-*"):
-        if old.name != target.name:
-            shutil.rmtree(old, ignore_errors=True)
-
-
+# -- checkpoints (secvfl.checkpoint) ----------------------------------------------------------------------------
 def _load_checkpoint(run_dir: Path, run: Run) -> tuple[int, list[dict], float]:
-    ck = run_dir / "checkpoints"
-    latest = ck / "latest.json"
-    if not latest.is_file():
-        raise ConfigError(f"--resume {run_dir}: no checkpoint found (expected {latest})")
-    target = ck / json.loads(latest.read_text())["dir"]
-    meta = json.loads((target / "run.json").read_text())
-    parties = {p.name.removeprefix("party-").removesuffix(".pt"): torch_load(p) for p in target.glob("party-*.pt")}
-    run.algorithm.load_state_dict({"step": meta["step"], "parties": parties, **meta.get("extra", {})})
-    run.net.load_state_dict(torch_load(target / "network.pt"))
-    return int(meta["epoch"]), list(meta["history"]), float(meta.get("wall_seconds", 0.0))
+    """Restore ``run`` from the latest checkpoint of ``run_dir`` (for reading a finished run: predict, attacks)."""
+    restored = load_checkpoint(Path(run_dir), run)
+    return restored.epoch, restored.history, restored.wall_seconds
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -148,67 +157,151 @@ def _primary(metrics: dict[str, float]) -> tuple[str, float]:
     return "loss", float("nan")
 
 
+# -- run directories -------------------------------------------------------------------------------------------
+# What a resumed run may change (README, Training, "Resuming"): more epochs extend it; where the data lives and how
+# many threads it uses are properties of the machine, not of the run. Every other setting is refused.
+RESUME_CHANGES = ("epochs", "data_dir", "threads")
+# Test hook (tests/test_resume_kill.py): the process sends itself SIGKILL right after this training batch, counted
+# from the first batch of the run (batches before a resume point included), to test recovery from a real crash.
+KILL_AT_BATCH_ENV = "SECVFL_KILL_AT_BATCH"
+
+
+def read_run_config(run_dir: Path) -> TrainConfig:
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml); start a run there with "
+                          f"--out {run_dir}")
+    return TrainConfig.from_dict(load_config_file(path))
+
+
+def _resumable(run_dir: Path, from_epoch: int | None, changes: dict[str, Any]) -> tuple[TrainConfig, int]:
+    """The configuration a resumed run continues with, and the epochs it has done; refuses what cannot resume."""
+    saved = read_run_config(run_dir)
+    unknown = sorted(set(changes) - set(RESUME_CHANGES))
+    if unknown:
+        raise ConfigError(f"a resumed run can change only {', '.join(RESUME_CHANGES)}, not {', '.join(unknown)}")
+    cfg = replace(saved, **changes) if changes else saved
+    done = latest_epoch(run_dir) if from_epoch is None else int(from_epoch)
+    if done > cfg.epochs:
+        raise ConfigError(f"--epochs {cfg.epochs}: {run_dir} has already trained {done} epochs; a resumed run can "
+                          f"only train longer (--epochs {done} or more)")
+    if from_epoch is None and done == cfg.epochs and (run_dir / "summary.json").is_file():
+        raise ConfigError(f"--resume {run_dir}: the run already finished its {done} epoch{'s' * (done != 1)} (see "
+                          f"summary.json); add --epochs N with N > {done} to train it longer")
+    return cfg, done
+
+
+def _kill_at_batch() -> int | None:
+    text = os.environ.get(KILL_AT_BATCH_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ConfigError(f"${KILL_AT_BATCH_ENV} must be a batch number, got {text!r}; unset it")
+    return int(text)
+
+
+def _diverged(cfg: TrainConfig, run_dir: Path | None, epoch: int, batch: int | None, loss: float) -> ConfigError:
+    where = f"epoch {epoch + 1}" + (f", batch {batch}" if batch is not None else "")
+    kept = f"; {run_dir} keeps the metrics and checkpoint of epoch {epoch}" if run_dir is not None and epoch else ""
+    return ConfigError(
+        f"training stopped: the loss became {loss} at {where}. The learning rate is probably too large (--lr "
+        f"{cfg.lr:g}) or the data hold inf or huge values; start again with a smaller --lr (e.g. "
+        f"{min(cfg.lr / 10, TrainConfig.lr):g}) or check the data{kept}"
+    )
+
+
 # -- the run -------------------------------------------------------------------------------------------------
 def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str | Path | None = None,
-                 progress: bool = True, log=print, on_build=None) -> dict[str, Any]:
-    """Train, evaluate and write the run directory; returns the summary dictionary.
+                 from_epoch: int | None = None, changes: dict[str, Any] | None = None, progress: bool = True,
+                 log=print, on_build=None) -> dict[str, Any]:
+    """Train, evaluate and write the run directory ``out`` (None: write nothing); returns the summary dictionary.
 
+    ``resume``: continue the run in that directory from its latest checkpoint (``from_epoch``: from the one after
+    that many epochs; later ones are discarded). ``cfg`` is then ignored: the run's own config.toml is used, with
+    ``changes`` (keys of :data:`RESUME_CHANGES`) applied; a larger ``epochs`` extends the run, also a finished one.
     ``on_build(run)``, if given, is called once the run is assembled (and restored, on resume), before training:
     e.g. to record a party's view for an attack.
     """
-    run_dir = Path(resume or out) if (resume or out) else None
+    changes = dict(changes or {})
+    run_dir = Path(resume) if resume is not None else Path(out) if out is not None else None
     if resume is not None:
-        run_dir = Path(resume)
-        saved = load_config_file(run_dir / "config.toml")
-        cfg = TrainConfig.from_dict(saved)
+        cfg, _ = _resumable(run_dir, from_epoch, changes)
+    elif from_epoch is not None:
+        raise ConfigError("--from-epoch applies only with --resume DIR")
+    elif changes:
+        raise ConfigError("changes apply only to a resumed run (resume=DIR)")
+    elif run_dir is not None:
+        check_out_dir(run_dir)
     run = build_run(cfg)
     start_epoch, history, wall_before = 0, [], 0.0
     if resume is not None:
-        start_epoch, history, wall_before = _load_checkpoint(run_dir, run)
-        log(f"resuming {run_dir} after epoch {start_epoch}")
+        restored = load_checkpoint(run_dir, run, epoch=from_epoch, count_since_build=True)
+        start_epoch, history, wall_before = restored.epoch, restored.history, restored.wall_seconds
+        with writing(run_dir):
+            if from_epoch is not None:
+                discard_after(run_dir, from_epoch)
+            if changes:
+                write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
+            write_text_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+        log(f"resuming {run_dir} after epoch {start_epoch} of {cfg.epochs}")
     elif run_dir is not None:
-        if (run_dir / "checkpoints" / "latest.json").exists():
-            raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} to continue it or another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
+        with writing(run_dir):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
+        log(f"run directory: {run_dir} (continue an interrupted run with `secvfl train --resume {run_dir}`)")
     if on_build is not None:
         on_build(run)
     for note in run.ctx.data.notes:
         log(f"  data: {note}")
 
     t0 = time.perf_counter()
+    kill_at = _kill_at_batch()
+    per_epoch = run.algorithm.batches_per_epoch()
     bar = None
-    if progress:
+    if progress and sys.stderr.isatty():  # a redirected log gets one line per epoch, not carriage returns
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.epochs * run.algorithm.batches_per_epoch(), initial=start_epoch * run.algorithm.batches_per_epoch(),
-                   desc=f"{cfg.algo} {cfg.dataset}", unit="batch", file=sys.stderr, dynamic_ncols=True, leave=False)
-    for epoch in range(start_epoch, cfg.epochs):
-        torch.manual_seed(cfg.seed * 100_003 + epoch)  # each epoch's randomness depends on (seed, epoch) only
-        if bar is not None:
-            bar.set_description(f"{cfg.algo} epoch {epoch + 1}/{cfg.epochs}")
-
-        def tick(loss: float) -> None:
+        bar = tqdm(total=cfg.epochs * per_epoch, initial=start_epoch * per_epoch, desc=f"{cfg.algo} {cfg.dataset}",
+                   unit="batch", file=sys.stderr, dynamic_ncols=True, leave=False)
+    try:
+        for epoch in range(start_epoch, cfg.epochs):
+            torch.manual_seed(cfg.seed * 100_003 + epoch)  # each epoch's randomness depends on (seed, epoch) only
+            run.net.start_epoch(epoch)
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                bar.set_description(f"{cfg.algo} epoch {epoch + 1}/{cfg.epochs}")
+            batch = 0
 
-        train = run.algorithm.train_epoch(epoch, tick)
-        val = run.algorithm.evaluate("val")
-        row = {"epoch": epoch + 1, "train_loss": train["loss"], **{f"val_{k}": v for k, v in val.items()},
-               "bytes_total": run.net.stats.bytes_total}
-        history.append(row)
-        key, value = _primary(val)
+            def tick(loss: float, epoch: int = epoch) -> None:
+                nonlocal batch
+                batch += 1
+                if not math.isfinite(loss):
+                    raise _diverged(cfg, run_dir, epoch, batch, loss)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                if kill_at is not None and epoch * per_epoch + batch == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            train = run.algorithm.train_epoch(epoch, tick)
+            if not math.isfinite(train["loss"]):
+                raise _diverged(cfg, run_dir, epoch, None, train["loss"])
+            val = run.algorithm.evaluate("val")
+            row = {"epoch": epoch + 1, "train_loss": train["loss"], **{f"val_{k}": v for k, v in val.items()},
+                   "bytes_total": run.net.stats.bytes_total}
+            history.append(row)
+            key, value = _primary(val)
+            if bar is not None:
+                bar.set_postfix(loss=f"{train['loss']:.4f}", **{f"val_{key}": f"{value:.4f}"})
+            else:
+                log(f"epoch {epoch + 1}/{cfg.epochs} loss {train['loss']:.4f} val {key} {value:.4f}")
+            if run_dir is not None:
+                elapsed = wall_before + time.perf_counter() - t0
+                with writing(run_dir):
+                    write_text_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+                    save_checkpoint(run_dir, epoch + 1, run, history, elapsed)
+    finally:
         if bar is not None:
-            bar.set_postfix(loss=f"{train['loss']:.4f}", **{f"val_{key}": f"{value:.4f}"})
-        else:
-            log(f"epoch {epoch + 1}/{cfg.epochs} loss {train['loss']:.4f} val {key} {value:.4f}")
-        if run_dir is not None:
-            elapsed = wall_before + time.perf_counter() - t0
-            write_text_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-            _save_checkpoint(run_dir, epoch + 1, run, history, elapsed)
-    if bar is not None:
-        bar.close()
+            bar.close()
     test = run.algorithm.evaluate("test")
     wall = wall_before + time.perf_counter() - t0
     summary: dict[str, Any] = {
@@ -227,8 +320,12 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
     }
     for s in run.setups:
         summary.update(s.summary() if callable(s.summary) else s.summary)
+    for hook in (h for s in run.setups for h in s.on_summary):
+        hook(summary)
     if run_dir is not None:
-        write_json_atomic(run_dir / "summary.json", summary)
+        with writing(run_dir):
+            write_json_atomic(run_dir / "summary.json", summary)
+            write_curves(run_dir / "curves.png", history, cfg)
     texts = [t for s in run.setups for hook in s.on_finish if (t := hook(run_dir))]
     shown = ", ".join(f"{k} {v:.4f}" for k, v in test.items())
     log(f"test: {shown}")

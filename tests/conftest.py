@@ -1,7 +1,12 @@
-"""Shared fixtures. Real datasets come from a data directory: $SECVFL_DATA_DIR, else ../shared/data beside the repo.
+"""Shared fixtures and the rules of the test run.
 
-Outside CI a missing data directory skips the tests that need it; in CI (CI=true) it is an error, so a broken
+Real datasets come from a data directory: $SECVFL_DATA_DIR, else ../shared/data beside the repo. The header of every
+run says which directory is used, or that none was found. Outside CI a missing directory skips the tests that need
+it, and the end of the run counts them and says how to run them; in CI (CI=true) it is an error, so a broken
 checkout cannot pass by skipping.
+
+Tests longer than ~15 s are marked ``slow``: the README's test command leaves them out (``-m "not slow"``), CI runs
+them after it (``-m slow``), and ``pytest`` with no ``-m`` runs everything.
 """
 
 from __future__ import annotations
@@ -15,21 +20,50 @@ import torch
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
+_MISSING_DATA = "real datasets not found"
+_FIX = "set SECVFL_DATA_DIR=/path/to/shared/data (or put shared/data beside the checkout) to run them"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _candidates() -> list[Path]:
+    env = os.environ.get("SECVFL_DATA_DIR")
+    return ([Path(env)] if env else []) + [REPO.parent / "shared" / "data"]
 
 
 def _data_dir() -> Path | None:
-    env = os.environ.get("SECVFL_DATA_DIR")
-    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "data"]:
-        if cand.is_dir():
-            return cand
-    return None
+    return next((cand for cand in _candidates() if cand.is_dir()), None)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    d = _data_dir()
+    if d is not None:
+        return f"secvfl data: {d}"
+    looked = ", ".join(str(c) for c in _candidates())
+    what = "tests that need it FAIL (CI=true)" if _in_ci() else "tests that need it are SKIPPED"
+    return f"secvfl data: NOT FOUND (looked in {looked}); {what}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if _MISSING_DATA in str(r.longrepr)]
+    if skipped:
+        terminalreporter.write_line(
+            f"secvfl: {len(skipped)} test(s) skipped, {_MISSING_DATA}: {_FIX}", yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     d = _data_dir()
     if d is None:
-        if os.environ.get("CI"):
-            pytest.fail("real datasets not found: set SECVFL_DATA_DIR or put shared/data beside the repo")
-        pytest.skip("real datasets not found (set SECVFL_DATA_DIR)")
+        if _in_ci():
+            pytest.fail(f"{_MISSING_DATA} in CI: {_FIX}")
+        pytest.skip(f"{_MISSING_DATA} ({_FIX})")
     return d
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _runs_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Commands run without --out write to $SECVFL_RUNS_DIR: a temporary folder here, never runs/ in the checkout."""
+    os.environ["SECVFL_RUNS_DIR"] = str(tmp_path_factory.mktemp("runs"))

@@ -165,8 +165,8 @@ def test_grn_learns_nothing_from_scores_that_ignore_the_target() -> None:
 def test_reconstruction_is_scored_in_unit_scale() -> None:
     truth = np.array([[0.0, 10.0], [2.0, 30.0]])
     s = score_reconstruction(truth, truth)
-    assert s["mse"] == 0.0 and s["ap"] == 1.0
+    assert s["mse"] == pytest.approx(0.0, abs=1e-12) and s["ap"] == pytest.approx(1.0, abs=1e-12)
     s = score_reconstruction(np.array([[2.0, 30.0], [0.0, 10.0]]), truth)
-    assert s["mse"] == 1.0  # every value off by the full range
+    assert s["mse"] == pytest.approx(1.0, abs=1e-12)  # every value off by the full range
     with pytest.raises(DataError):
         score_reconstruction(truth[:, :1], truth)

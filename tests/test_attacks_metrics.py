@@ -25,8 +25,8 @@ from secvfl.errors import ConfigError, DataError
 
 def test_roc_auc_perfect_reversed_and_undefined() -> None:
     y = np.array([0, 0, 1, 1])
-    assert roc_auc(np.array([0.1, 0.2, 0.8, 0.9]), y) == 1.0
-    assert roc_auc(np.array([0.9, 0.8, 0.2, 0.1]), y) == 0.0
+    assert roc_auc(np.array([0.1, 0.2, 0.8, 0.9]), y) == pytest.approx(1.0, abs=1e-12)
+    assert roc_auc(np.array([0.9, 0.8, 0.2, 0.1]), y) == pytest.approx(0.0, abs=1e-12)
     assert math.isnan(roc_auc(np.array([0.1, 0.2]), np.array([1, 1])))
     with pytest.raises(DataError, match="binary"):
         roc_auc(np.array([0.1, 0.2]), np.array([0, 2]))
@@ -36,17 +36,17 @@ def test_per_batch_auc_skips_single_class_batches_and_summarises() -> None:
     scores = [np.array([0.0, 1.0]), np.array([1.0, 0.0]), np.array([0.3, 0.4])]
     labels = [np.array([0, 1]), np.array([0, 1]), np.array([1, 1])]
     s = per_batch_auc(scores, labels)
-    assert s.aucs == [1.0, 0.0] and s.skipped == 1
-    assert s.mean == 0.5 and s.p95_abs_deviation == 0.5
+    assert s.aucs == pytest.approx([1.0, 0.0], abs=1e-12) and s.skipped == 1
+    assert s.mean == pytest.approx(0.5) and s.p95_abs_deviation == pytest.approx(0.5)
     assert s.as_dict()["batches_skipped_single_class"] == 1
 
 
 def test_dcs_known_values() -> None:
-    assert dcs(0.5, 0.8, ap_star=0.5, mp_star=0.8) == 1.0
+    assert dcs(0.5, 0.8, ap_star=0.5, mp_star=0.8) == pytest.approx(1.0)
     # perfect attack, no utility loss: 1 / (1 + sqrt(0.5 * 0.5^2))
     assert dcs(1.0, 0.8, ap_star=0.5, mp_star=0.8) == pytest.approx(1 / (1 + math.sqrt(0.125)))
     # one-sided: below-chance attacks and better-than-undefended main tasks cost nothing
-    assert dcs(0.3, 0.9, ap_star=0.5, mp_star=0.8) == 1.0
+    assert dcs(0.3, 0.9, ap_star=0.5, mp_star=0.8) == pytest.approx(1.0)
     assert dcs(0.7, 0.6, ap_star=0.5, mp_star=0.8, beta=0.0) == pytest.approx(1 / 1.2)
     with pytest.raises(DataError):
         dcs(float("nan"), 0.5, ap_star=0.5, mp_star=0.5)
@@ -67,11 +67,11 @@ def test_best_label_matching_recovers_any_relabelling(perm, seed) -> None:
     labels = rng.integers(0, 5, 200)
     clusters = np.asarray(perm)[labels]  # cluster ids are a relabelling of the classes
     mapping = best_label_matching(clusters, labels, 5, 5)
-    assert accuracy(mapping[clusters], labels) == 1.0
+    assert accuracy(mapping[clusters], labels) == pytest.approx(1.0, abs=1e-12)
 
 
 def test_majority_rate_and_accuracy() -> None:
-    assert majority_rate(np.array([0, 0, 0, 1])) == 0.75
+    assert majority_rate(np.array([0, 0, 0, 1])) == pytest.approx(0.75)
     assert accuracy(np.array([1, 2, 3]), np.array([1, 2, 0])) == pytest.approx(2 / 3)
     with pytest.raises(DataError):
         accuracy(np.array([1]), np.array([1, 2]))
@@ -88,7 +88,7 @@ def test_random_guess_mse_matches_monte_carlo() -> None:
 
 def test_randomized_response_ceiling() -> None:
     assert randomized_response_ceiling(3.0) == pytest.approx(0.9526, abs=1e-4)
-    assert randomized_response_ceiling(0.0, 4) == 0.25
+    assert randomized_response_ceiling(0.0, 4) == pytest.approx(0.25)
 
 
 def test_attack_result_summary_has_the_contract_keys() -> None:

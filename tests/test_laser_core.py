@@ -49,8 +49,8 @@ def test_enumeration_counts(K):
 
 
 def test_weights_values():
-    assert task_weights(1) == [1.0]
-    assert task_weights(4) == [1.0, 1.5, 1.0, 0.25]
+    assert task_weights(1) == pytest.approx([1.0])
+    assert task_weights(4) == pytest.approx([1.0, 1.5, 1.0, 0.25])
     with pytest.raises(ConfigError):
         task_weight(3, 4)
 

@@ -37,7 +37,7 @@ def test_aggregate_table_and_acceptance():
     for old, new in zip(legacy, results, strict=True):
         old["scores"] = {n: {pe: {"f1": v["f1_positive"], "accuracy": 0.5} for pe, v in sc.items()}
                          for n, sc in new["scores"].items()}
-    assert aggregate(legacy, "f1_positive", [0.5], [0.0, 0.5]) == table
+    assert aggregate(legacy, "f1_positive", [0.5], [0.0, 0.5]) == table  # same numbers, same code: bit-identical
     cell = table["laser"]["0.5"]["0.0"]
     assert cell["mean"] == pytest.approx(52.0) and cell["std"] == pytest.approx(1.0) and cell["n"] == 3
     md = markdown_table(table, [0.5], [0.0, 0.5], "F1")

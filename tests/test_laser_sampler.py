@@ -131,7 +131,7 @@ def test_metrics_hand_computed():
     assert m.accuracy == pytest.approx((0.5 + 1 + 0) / 3)
     assert m.n_evaluated == 3 and m.n_unpredictable == 1
     # party 0 on rows 0,1: preds (1,0) vs (1,0): F1 = 1. party 1 on rows 0,3: preds (0,1) vs (1,0): F1 = 0.
-    assert m.f1_per_party == (1.0, 0.0)
+    assert m.f1_per_party == pytest.approx((1.0, 0.0), abs=1e-12)
     assert m.f1 == pytest.approx(0.5)
 
 
@@ -155,9 +155,11 @@ def test_party_that_left_is_excluded_from_f1_and_multiclass_has_no_f1():
     observed = np.array([[True, False]] * 4)
     preds = np.stack([y, np.zeros(4, dtype=int)], axis=1)
     m = evaluate_predictions(preds, y, observed, n_classes=3)
-    assert m.accuracy == 1.0 and m.f1 is None and m.accuracy_per_party == (1.0, None)
+    assert m.accuracy == pytest.approx(1.0, abs=1e-12) and m.f1 is None
+    assert m.accuracy_per_party[0] == pytest.approx(1.0, abs=1e-12) and m.accuracy_per_party[1] is None
     mb = evaluate_predictions(np.stack([y % 2, y % 2], 1), y % 2, observed, n_classes=2)
-    assert mb.f1_per_party == (1.0, None) and mb.f1 == 1.0
+    assert mb.f1_per_party[0] == pytest.approx(1.0, abs=1e-12) and mb.f1_per_party[1] is None
+    assert mb.f1 == pytest.approx(1.0, abs=1e-12)
 
 
 def test_majority_vote_and_ties():

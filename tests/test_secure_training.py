@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pytest
 
 from protocols.channel import SecureChannelLayer
@@ -14,15 +15,21 @@ from protocols.secure_plugins import generate_channel_keys
 from secvfl.cli.main import main
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError, UnsupportedError
-from secvfl.runner import run_training
+from secvfl.runner import build_run, run_training
 
 LABEL = "label"
 FEATURE_PARTIES = [f"party{i}" for i in range(3)]
 TOL = 0.005
 
 
+# Epochs per dataset so that the plaintext model is far above the majority class (wine needs ~20 steps of
+# Adam before vafl leaves the majority class); a protocol that breaks training then shows in the metrics.
+EPOCHS = {"breast_cancer": 2, "wine": 20}
+
+
 def _cfg(algo: str, options: dict | None = None, dataset: str = "breast_cancer") -> TrainConfig:
-    return TrainConfig(algo=algo, dataset=dataset, parties=3, epochs=2, seed=3, options=dict(options or {}))
+    return TrainConfig(algo=algo, dataset=dataset, parties=3, epochs=EPOCHS[dataset], seed=3,
+                       options=dict(options or {}))
 
 
 def _train(algo: str, options: dict | None = None, on_build=None, dataset: str = "breast_cancer") -> dict:
@@ -35,7 +42,15 @@ _plain_cache: dict[tuple[str, str], dict] = {}
 def _plain(algo: str, dataset: str = "breast_cancer") -> dict:
     if (algo, dataset) not in _plain_cache:
         _plain_cache[algo, dataset] = _train(algo, dataset=dataset)
+        # the reference itself must have learnt something, or matching it proves nothing
+        assert _plain_cache[algo, dataset]["metrics"]["test"]["accuracy"] >= _majority_rate(dataset) + 0.2
     return _plain_cache[algo, dataset]
+
+
+def _majority_rate(dataset: str) -> float:
+    """Test accuracy of always predicting the most frequent test label."""
+    y = build_run(_cfg("vafl", dataset=dataset)).ctx.data.y_test
+    return float(np.bincount(y).max() / len(y))
 
 
 def _assert_close(secure: dict, plain: dict) -> None:
@@ -62,6 +77,71 @@ def test_masked_training_matches_plaintext(algo: str) -> None:
     agg = secure["protocols"]["aggregation"]
     assert agg["aggregation"] == "mask" and agg["rounds_completed"] > 0 and agg["rounds_failed"] == 0
     assert secure["secagg"]["frac_bits"] == 24
+
+
+# How party1's masked share goes missing in a faulty round: never sent, or sent as bytes that are no message /
+# as a share whose payload claims another dtype (each must count as a drop, not crash the run).
+_SHARE_FAULTS = {
+    "withheld": None,
+    "undecodable": lambda data: data[:-8],
+    "wrong-dtype": lambda data: data.replace(b'"int64"', b'"float64"', 1),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(_SHARE_FAULTS))
+def test_masked_training_goes_on_when_a_party_drops_out_of_rounds(
+        fault: str, caplog: pytest.LogCaptureFixture) -> None:
+    faulty_training_calls = {2, 5}  # 0-based indices of training aggregations in which party1 fails
+    state = {"training_calls": 0, "faulty": False}
+    calls: list[tuple[dict[str, np.ndarray], np.ndarray, bool]] = []  # inputs, aggregate, faulty
+    views = {}
+
+    def on_build(run) -> None:  # noqa: ANN001
+        aggregate, put = run.net.aggregate, run.net.transport.put
+
+        def spy(messages, receiver, op="sum"):  # noqa: ANN001, ANN202
+            training = run.algorithm.current_epoch is not None
+            state["faulty"] = training and state["training_calls"] in faulty_training_calls
+            state["training_calls"] += training
+            out = aggregate(messages, receiver, op)
+            calls.append(({m.sender: m.tensor("embedding").double().numpy() for m in messages},
+                          out.tensor("embedding").double().numpy(), state["faulty"]))
+            state["faulty"] = False
+            return out
+
+        def faulty_put(sender, receiver, kind, data):  # noqa: ANN001, ANN202
+            if state["faulty"] and sender == "party1" and kind == MASKED_KIND:
+                data = _SHARE_FAULTS[fault](data)
+            put(sender, receiver, kind, data)
+
+        run.net.aggregate = spy
+        views.update(party0=run.net.record("party0"), party1=run.net.record("party1"))
+        if fault == "withheld":
+            run.net.aggregation.drop_hook = lambda party, phase, rnd: (
+                state["faulty"] and party == "party1" and phase == "masked")
+        else:
+            run.net.transport.put = faulty_put
+
+    with caplog.at_level(logging.WARNING, logger="protocols.secagg"):
+        summary = _train("vafl", {"secagg": "mask"}, on_build=on_build, dataset="wine")
+
+    # Every aggregate is the float64 sum of the parties that delivered, within the fixed-point bound (2^-25 per
+    # party) plus the float32 cast of the result.
+    assert sum(faulty for *_, faulty in calls) == 2
+    for inputs, got, faulty in calls:
+        delivered = [p for p in inputs if not (faulty and p == "party1")]
+        exact = np.sum([inputs[p] for p in delivered], axis=0)
+        bound = len(delivered) * 2.0**-25 + np.abs(exact) * 2.0**-23
+        assert np.all(np.abs(got - exact) <= bound), (faulty, float(np.abs(got - exact).max()))
+    secagg = summary["secagg"]
+    assert [d["party"] for d in secagg["dropped"]] == ["party1", "party1"]
+    assert secagg["retried_rounds"] == 2 and secagg["rounds_failed"] == 2
+    assert len([r for r in caplog.records if r.name == "protocols.secagg"]) == 1  # logged once, not per drop
+    # The steps that went on without party1 gave it no gradient (its output was not in the sum they trained on).
+    grads = {p: len(views[p].received_of("gradient")) for p in ("party0", "party1")}
+    assert grads["party1"] == grads["party0"] - 2 > 0
+    # Training went on to a useful model (two batches without party1 change little).
+    assert summary["metrics"]["test"]["accuracy"] >= _majority_rate("wine") + 0.2
 
 
 def test_label_party_never_receives_an_individual_ciphertext() -> None:

@@ -84,11 +84,22 @@ class _SplitBase(Algorithm):
     def batches_per_epoch(self) -> int:
         return -(-len(self.train_rows()) // self.cfg.batch_size)
 
-    def _scale(self, split: str, ids: np.ndarray) -> torch.Tensor | None:
+    def _scale(self, split: str, ids: np.ndarray, present: list[str] | None = None) -> torch.Tensor | None:
+        """1 / (observed parties per row) for a mean; ``present`` (default: every party) are those in the sum."""
         if self.aggregation != "mean":
             return None
-        counts = self.ctx.masks[split][ids].sum(axis=1).clip(min=1)
+        columns = [self.names.index(n) for n in (self.names if present is None else present)]
+        counts = self.ctx.masks[split][ids][:, columns].sum(axis=1).clip(min=1)
         return torch.as_tensor(1.0 / counts, dtype=self.ctx.dtype, device=self.ctx.device)[:, None]
+
+    def _present(self, received: list[Message]) -> list[str]:
+        """The parties whose outputs the label party received: a secure aggregation that retried a round without a
+        dropped party names it in the aggregate's ``meta["dropped"]`` (the sum, the mean's count and the gradients
+        then cover the parties that delivered)."""
+        if self.aggregation == "concat":
+            return list(self.names)
+        dropped = set(received[0].meta.get("dropped", ()))
+        return [n for n in self.names if n not in dropped]
 
     def _forward_all(self, split: str, ids: np.ndarray, train: bool) -> list[Message]:
         return [fp.forward(self.step, split, ids, LABEL_PARTY, train=train) for fp in self.feature_parties]
@@ -112,13 +123,15 @@ class _SplitBase(Algorithm):
         losses = []
         for ids in batch_ids(self.train_rows(), self.cfg.batch_size, self.cfg.seed, epoch):
             received = self._deliver(self._forward_all("train", ids, train=True))
+            present = self._present(received)
             loss, grads = self.label_party.train_step(
-                self.step, ids, received, self.names, aggregated=self.aggregation != "concat",
-                input_scale=self._scale("train", ids),
+                self.step, ids, received, present, aggregated=self.aggregation != "concat",
+                input_scale=self._scale("train", ids, present),
             )
             self.net.send(*grads)
             for fp in self.feature_parties:
-                fp.backward(self.net.receive(fp.name, kind="gradient", sender=LABEL_PARTY))
+                if fp.name in present:  # a party left out of this step's sum gets no gradient for it
+                    fp.backward(self.net.receive(fp.name, kind="gradient", sender=LABEL_PARTY))
             losses.append(loss)
             self.step += 1
             if progress is not None:
@@ -132,7 +145,8 @@ class _SplitBase(Algorithm):
             ids = np.arange(start, min(n, start + self.cfg.eval_batch_size))
             received = self._deliver(self._forward_all(split, ids, train=False))
             p = self.label_party.predict(
-                received, aggregated=self.aggregation != "concat", input_scale=self._scale(split, ids)
+                received, aggregated=self.aggregation != "concat",
+                input_scale=self._scale(split, ids, self._present(received)),
             )
             out.append(p.cpu().numpy())
         proba = np.concatenate(out) if out else np.zeros((0, max(2, self.ctx.data.n_classes)))

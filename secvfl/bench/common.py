@@ -15,7 +15,10 @@ __all__ = ["fix_threads", "machine", "timed", "timed_wall_cpu", "peak_rss_mb"]
 
 def fix_threads(n: int) -> int:
     """Benchmarks fix the intra-op thread count (shared machines make >1 thread noisy) and report it."""
+    from threadpoolctl import threadpool_limits
+
     torch.set_num_threads(n)
+    threadpool_limits(limits=n)  # numpy/scipy BLAS too: the linear algorithms spend their time there
     os.environ["OMP_NUM_THREADS"] = str(n)
     return torch.get_num_threads()
 

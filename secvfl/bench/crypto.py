@@ -341,8 +341,8 @@ class CryptoBench:
         p.add_argument("--ckks-params", default="default", help="CKKS parameters: preset or N:PRIME_BITS:SCALE_BITS")
         p.add_argument("--workers", type=int, default=1,
                        help="also run CKKS with this many encryption worker processes beside the training process (default 1: both of 2 cores; 0: skip)")
-        p.add_argument("--threads", type=int, default=1)
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+        p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
         p.add_argument("--epoch-dataset", default="mnist",
                        help="dataset for the one-epoch plain / --he ckks / --secagg mask timing (none: skip)")
         p.add_argument("--data-dir", default=None, help="folder of the named real datasets; required to run the --epoch-dataset timing")

@@ -119,15 +119,15 @@ class LaserBench:
     help = "epoch time of LASER-VFL, Standard VFL and Combinatorial vs number of parties (credit, one thread)"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--parties", type=int, nargs="+", default=[2, 4, 6, 8])
+        p.add_argument("--parties", type=int, nargs="+", default=[2, 4, 6, 8], help="numbers of parties K timed")
         p.add_argument("--methods", nargs="+", default=["laser", "svfl", "combinatorial"],
-                       choices=["laser", "svfl", "combinatorial", "local", "plugvfl"])
-        p.add_argument("--data-dir", default=None)
-        p.add_argument("--p-miss-train", type=float, default=0.0)
+                       choices=["laser", "svfl", "combinatorial", "local", "plugvfl"], help="methods timed")
+        p.add_argument("--data-dir", default=None, help="folder of the real datasets (default $SECVFL_DATA_DIR)")
+        p.add_argument("--p-miss-train", type=float, default=0.0, help="per-block missing probability in training")
         p.add_argument("--repeats", type=int, default=3, help="epochs timed per method and K (median reported)")
         p.add_argument("--max-combinatorial-batches", type=int, default=40,
                        help="for K > 4, time this many Combinatorial batches and extrapolate to the epoch")
-        p.add_argument("--threads", type=int, default=1)
+        p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
         p.add_argument("--no-reference", action="store_true", help="skip the authors'-style reference loop")
 
     def run(self, args: argparse.Namespace) -> dict:

@@ -43,14 +43,14 @@ class OverheadBench:
     help = "epoch time of split-NN through isolated parties / monolithic model (same layers, same data order)"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dataset", default="mnist")
-        p.add_argument("--data-dir", default=None)
-        p.add_argument("--parties", type=int, default=4)
-        p.add_argument("--batch-size", type=int, default=256)
-        p.add_argument("--hidden", type=int, default=256)
-        p.add_argument("--embedding-dim", type=int, default=64)
+        p.add_argument("--dataset", default="mnist", help="dataset (a secvfl train name)")
+        p.add_argument("--data-dir", default=None, help="folder of the real datasets (default $SECVFL_DATA_DIR)")
+        p.add_argument("--parties", type=int, default=4, help="number of feature parties")
+        p.add_argument("--batch-size", type=int, default=256, help="training rows per batch")
+        p.add_argument("--hidden", type=int, default=256, help="hidden width of the bottom models and the head")
+        p.add_argument("--embedding-dim", type=int, default=64, help="width of each party's embedding")
         p.add_argument("--repeats", type=int, default=5, help="epochs timed per side (the median is reported)")
-        p.add_argument("--threads", type=int, default=1)
+        p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
 
     def run(self, args: argparse.Namespace) -> dict:
         threads = fix_threads(args.threads)

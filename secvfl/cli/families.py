@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from secvfl.cli.helptext import show_defaults
 from secvfl.cli.registries import ATTACK_COMMANDS, BENCHES, REPRODUCTIONS, load_command_plugins
 from secvfl.io import write_json_atomic
 from secvfl.registry import Registry
@@ -24,8 +25,10 @@ def _family(subparsers: argparse._SubParsersAction, name: str, registry: Registr
         if isinstance(cmd, type):  # registered as a class: one instance per command line
             cmd = cmd()
         tp = sub.add_parser(target, help=getattr(cmd, "help", ""), description=getattr(cmd, "help", ""))
-        tp.add_argument("--out", type=Path, help="write the results as JSON to this file")
+        if not getattr(cmd, "writes_own_output", False):  # such a command takes --out as its output directory
+            tp.add_argument("--out", type=Path, help="write the results as JSON to this file")
         cmd.add_arguments(tp)
+        show_defaults(tp)
         tp.set_defaults(func=_runner(cmd))
 
 
@@ -33,6 +36,8 @@ def _runner(cmd):  # noqa: ANN001, ANN202
     def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         result = cmd.run(args)
+        if getattr(cmd, "writes_own_output", False):  # it wrote its files and printed its own short report
+            return 0
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 3))
         result.setdefault("peak_rss_mb", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
         result.setdefault("command", "secvfl " + " ".join(sys.argv[1:]))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from secvfl import __version__
-from secvfl.errors import SecvflError
+from secvfl.errors import SecvflError, SecvflWarning
 
 __all__ = ["main", "build_parser"]
 
@@ -32,6 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warnings(show_other):  # noqa: ANN001, ANN202
+    """secvfl's own warnings are news for the user, not for a developer: one line, no source location."""
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+        if issubclass(category, SecvflWarning):
+            print(f"secvfl: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            show_other(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -43,12 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():  # restores the usual warning display when main returns
+            warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            return int(args.func(args) or 0)
     except SecvflError as exc:
         print(f"secvfl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("secvfl: interrupted; a run with --out can be continued with --resume", file=sys.stderr)
+        print("secvfl: interrupted; `secvfl train --resume RUN_DIR` continues a training run from its last "
+              "checkpoint (the run directory is printed when the run starts)", file=sys.stderr)
         return 130
 
 

@@ -32,6 +32,7 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.bench.laser",
     "secvfl.bench.overhead",
     "secvfl.bench.crypto",
+    "secvfl.bench.decode",
     "secvfl.cli.attack",
     "secvfl.experiments.saddle",
 ]

@@ -40,6 +40,7 @@ from secvfl.config import TrainConfig
 from secvfl.data import Dataset, block_miss_probabilities, draw_masks, load_dataset, make_partition
 from secvfl.errors import ConfigError
 from secvfl.io import write_json_atomic, write_text_atomic
+from secvfl.rundir import runs_root
 from secvfl.transport.network import Network
 
 __all__ = ["Setting", "SETTINGS", "METHODS", "run_task", "prepare_data", "build_algorithm", "aggregate",
@@ -298,13 +299,15 @@ class LaserReproduction:
     help = "Table 1 of the LASER-VFL paper: six methods x training/test missing rates x seeds (credit, mnist)"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dataset", default="credit", choices=sorted(SETTINGS))
+        p.add_argument("--dataset", default="credit", choices=sorted(SETTINGS), help="the paper's setting to run")
         p.add_argument("--data-dir", default=None, help="folder of the real datasets (default $SECVFL_DATA_DIR)")
-        p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+        p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="training seeds (mean and std reported)")
         p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
                        help="training runs ('local' also gives Ensemble)")
-        p.add_argument("--p-miss-train", type=_parse_rate, nargs="+", default=[0.0, 0.1, 0.5])
-        p.add_argument("--p-miss-test", type=_parse_rate, nargs="+", default=[0.0, 0.1, 0.5])
+        p.add_argument("--p-miss-train", type=_parse_rate, nargs="+", default=[0.0, 0.1, 0.5],
+                       help="per-block missing probabilities in training (one run each)")
+        p.add_argument("--p-miss-test", type=_parse_rate, nargs="+", default=[0.0, 0.1, 0.5],
+                       help="per-block missing probabilities at test time (each run evaluated on each)")
         p.add_argument("--beta", action="store_true",
                        help="also the non-uniform mode: per-block missing probabilities drawn from Beta(2, 2)")
         p.add_argument("--epochs", type=int, default=None, help="override the setting's epochs (smoke runs)")
@@ -317,7 +320,7 @@ class LaserReproduction:
         data_dir = args.data_dir or os.environ.get("SECVFL_DATA_DIR")
         setting = SETTINGS[args.dataset]
         epochs = args.epochs or setting.epochs
-        out_dir = args.out_dir or Path("runs") / f"reproduce-laser-{args.dataset}"
+        out_dir = args.out_dir or runs_root() / f"reproduce-laser-{args.dataset}"
         prepare_data(setting, data_dir)  # fail early on a missing dataset
         p_trains, p_tests = list(args.p_miss_train), list(args.p_miss_test)
         jobs = [(m, pt, s, p_tests) for pt in p_trains for s in args.seeds for m in args.methods]
