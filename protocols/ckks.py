@@ -20,12 +20,26 @@ Protocol (one call of :meth:`CKKSAggregation.aggregate`)::
 The gradient w.r.t. the aggregate travels back to every feature party in plaintext, as without encryption (the
 algorithm sends it; for a mean it is scaled by ``1/K`` like the aggregate itself).
 
-Who learns what (semi-honest parties):
+Who learns what (semi-honest parties, and an honest aggregator: see below):
 
 * label party: the secret key and the decrypted *sum over at least two parties*, which the head needs anyway.
   It never receives an individual party's ciphertext: ciphertexts go to the aggregator, a sum over one party is
   refused, and so is a set of subset sums in one step from which a single party's output could be solved for
   (relevant for subset means such as LASER-VFL's).
+* Honest aggregator (assumed, not enforced): the aggregator adds every ciphertext of the round and forwards only
+  that sum. Nothing binds the ciphertext the label party decrypts to the parties that contributed: the "at least two
+  parties" and subset-sum checks above apply to the set of senders a round starts with, and the aggregator's reply
+  is checked only against its own report of what it added (``meta`` ``count`` and ``parties``, which catches a
+  faulty aggregator, not a lying one). An aggregator that forwards one party's ciphertext (or a difference of two)
+  under a correct-looking report makes the label party decrypt that party's output with no error -- the same
+  exposure as the collusion excluded below. Signed ciphertext digests would not close this: the label party cannot
+  recompute a sum from digests without the individual ciphertexts, which it must never receive. A check on the
+  ciphertexts before decryption would, e.g. a linearly homomorphic MAC (each party sends the label party
+  ``<r, c_i> mod q`` for a key ``r`` the aggregator never sees; the label party checks ``<r, sum> = sum of tags``
+  before decrypting); it is not implemented (SEAL's Python bindings expose ciphertext coefficients only through
+  their compressed serialisation). Where no aggregator can be trusted to follow the protocol, use
+  ``--secagg mask``: in ``secvfl train`` the label party adds the masked outputs itself, and the masks cancel only
+  in the sum of every party's output (a single masked output is uniformly random).
 * aggregator: the CKKS parameters (its context carries no key: it can neither encrypt nor decrypt), every party's
   ciphertexts (IND-CPA under RLWE at 128-bit security), which parties contribute, the shapes, and timing.
 * feature parties: the public key; nothing new about other parties beyond the plaintext gradient they get anyway.
@@ -582,7 +596,8 @@ class CKKSAggregation(Aggregation):
             {
                 "feature_parties_hold": "public key",
                 "aggregator_holds": "parameters only (no keys)",
-                "trust": "semi-honest; the aggregator and the label party do not collude",
+                "trust": ("semi-honest; an honest aggregator (it forwards only the sum of every ciphertext, which "
+                          "is not checked); the aggregator and the label party do not collude"),
                 "encryption_workers": self.workers,
                 "sums_delivered": self.sums_delivered,
                 "ciphertexts_added": self.ciphertexts_added,
@@ -858,6 +873,7 @@ class CKKSAggregation(Aggregation):
         received = [net.receive(aggregator, kind=CIPHERTEXT_KIND, sender=s) for s in senders]
         net.send(self.add_messages(aggregator, received, receiver))
         summed = net.receive(receiver, kind=SUM_KIND, sender=aggregator)
+        # The aggregator's own report: catches a faulty aggregator, not a lying one (honest-aggregator assumption).
         if summed.meta.get("count") != len(senders) or summed.meta.get("parties") != sorted(senders):
             raise ProtocolError(f"{aggregator} delivered a sum over {summed.meta.get('parties')}, expected {sorted(senders)}")
         tensors = self.decrypt(receiver, summed, divide_by=len(messages) if op == "mean" else 1)

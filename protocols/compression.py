@@ -924,11 +924,14 @@ class _RowTagger:
     """The compression layer's :class:`~secvfl.parties.MessageTagger`: marks evaluation outputs (``meta["eval"]``)
     and, when installed on the label party, names the rows of its gradients (``meta["rows"]``) so per-row error
     feedback can key its memory. Training batches are described as a slice of the public shared-seed batch order
-    (``batch_ids(train_rows, batch_size, seed, epoch)``, which every party computes), so no ids travel; anything
-    else as explicit, counted ids."""
+    (``schedule``: a :class:`~secvfl.algorithms.base.BatchSchedule`, which every party can compute), so no ids
+    travel; anything else as explicit, counted ids.
 
-    def __init__(self, algo: Any, layer: CompressionLayer, *, rows: bool) -> None:
-        self.algo, self.layer, self.rows = algo, layer, rows
+    A tagger runs as its party: it holds the public schedule and nothing else (never the algorithm, which holds every
+    party, nor the layer, which holds every party's error-feedback memory)."""
+
+    def __init__(self, schedule: Any | None, *, rows: bool) -> None:
+        self.schedule, self.rows = schedule, rows
         self._position: tuple[int, dict[int, int], np.ndarray] | None = None  # epoch, row -> offset, order
 
     def tag(self, message: Message, split: str, ids: Any, *, train: bool) -> Message:
@@ -940,10 +943,10 @@ class _RowTagger:
 
     def describe(self, split: str, ids: Any) -> Any:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        epoch = getattr(self.algo, "current_epoch", None)
-        if split == "train" and epoch is not None and len(ids) and "train" in self.layer.schedules:
+        epoch = self.schedule.epoch if self.schedule is not None else None
+        if split == "train" and epoch is not None and len(ids):
             if self._position is None or self._position[0] != epoch:
-                order = self.layer._scheduled("train", epoch)
+                order = np.asarray(self.schedule.order(epoch), dtype=np.int64)
                 self._position = (epoch, {int(r): i for i, r in enumerate(order)}, order)
             _, pos, order = self._position
             off = pos.get(int(ids[0]))
@@ -955,24 +958,21 @@ class _RowTagger:
 def tag_rows(algo: Any, layer: CompressionLayer, *, backward_rows: bool = True) -> bool:
     """Install the compression layer's tagger on a split-style algorithm's parties (their public ``tagger`` hook):
     evaluation outputs get marked and, with ``backward_rows``, the label party's gradient messages name their rows.
-    Training batches are named by position in the shared-seed batch order when the algorithm publishes
-    ``current_epoch`` and ``train_rows()``. Returns False when the algorithm has no such parties."""
+    Training batches are named by position in the shared-seed batch order when the algorithm publishes its
+    ``schedule`` (a :class:`~secvfl.algorithms.base.BatchSchedule`); the label party's tagger gets that schedule,
+    never the algorithm. Returns False when the algorithm has no such parties."""
     fps = getattr(algo, "feature_parties", None)
     lp = getattr(algo, "label_party", None)
     if not fps or lp is None or not all(hasattr(p, "tagger") for p in [*fps, lp]):
         return False
-    cfg = getattr(algo, "cfg", None)
-    if cfg is not None and hasattr(algo, "current_epoch") and callable(getattr(algo, "train_rows", None)):
-        from secvfl.algorithms.base import batch_ids
-
-        def order(epoch: int) -> np.ndarray:
-            batches = list(batch_ids(algo.train_rows(), cfg.batch_size, cfg.seed, epoch))
-            return np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
-
-        layer.schedules["train"] = order
+    schedule = getattr(algo, "schedule", None)
+    if callable(getattr(schedule, "order", None)):
+        layer.schedules["train"] = schedule.order
+    else:
+        schedule = None
     for fp in fps:
-        fp.tagger = _RowTagger(algo, layer, rows=False)
-    lp.tagger = _RowTagger(algo, layer, rows=backward_rows)
+        fp.tagger = _RowTagger(None, rows=False)  # a feature party's outputs name no rows: it only marks evaluation
+    lp.tagger = _RowTagger(schedule, rows=backward_rows)
     return True
 
 

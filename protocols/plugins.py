@@ -43,6 +43,14 @@ class ProtocolSetup:
     # Called with the finished run's summary (test metrics included) before it is written; may add entries to it
     # (e.g. differential privacy's warning when the model's utility collapsed).
     on_summary: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    # Called once before this process trains, with the run directory (or None) and the epochs already trained (a
+    # resumed run's checkpoint), before anything in the run directory is written; may refuse to go on (differential
+    # privacy: when finishing would spend more than the privacy budget, counting what interrupted processes released).
+    on_start: list[Callable[[Path | None, int], None]] = field(default_factory=list)
+    # Set when the training loss is computed from data that only its holder may read (label DP: the true labels): the
+    # runner then hands each epoch's loss, (epoch, loss), to this keeper instead of writing or showing it anywhere
+    # (metrics.jsonl, summary.json, curves.png, the log and the progress bar get null).
+    private_loss: Callable[[int, float], None] | None = None
 
 
 class ProtocolPlugin(ABC):

@@ -28,9 +28,17 @@ one it masked (mask reuse would leak the difference of two inputs).
 Threat model: semi-honest (honest-but-curious) parties and aggregator, no collusion between the aggregator (or the
 receiver) and a feature party. Each masked vector alone is uniformly distributed in Z / 2^64 whatever the input
 (AES-CTR is a PRF; each party has at least one peer). A coalition of the receiver with all but one party learns the
-remaining party's input from the sum -- that is what a sum reveals. The public keys are not authenticated by this
-module: run it under :class:`protocols.channel.SecureChannelLayer` (which seals ``secagg-key`` messages with pinned
-identity keys) when a relay could substitute them.
+remaining party's input from the sum -- that is what a sum reveals.
+
+The parties' public keys for the pairwise masks are authenticated ONLY when the secure channel is on
+(``--secure-channel``: :class:`protocols.channel.SecureChannelLayer` seals the ``secagg-key`` messages in sessions
+authenticated with pinned identity keys); this module does not authenticate them. Without the channel, whoever can
+modify traffic (a relay, a proxy, the transport, an aggregator that forwards messages) can replace a party's keys with
+its own, learn every pair seed of that party, strip its masks and read its individual input: the guarantee above
+then holds only against a passive network. ``secvfl train --secagg mask`` without ``--secure-channel`` warns
+(:class:`UnauthenticatedKeysWarning`). With ``--secure-channel`` but no ``--channel-keys``, the identity keys
+themselves were generated and pinned in the one process of the run: authentication within a simulation, not between
+organisations.
 
 Who sees what: with a party of role :attr:`~protocols.base.Role.AGGREGATOR` in the topology, the masked vectors go
 there and only their (still encoded) sum goes to the receiver; otherwise the receiver adds the masked vectors itself.
@@ -68,7 +76,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from protocols.base import Aggregation, AlgorithmTraits, Role, Topology, broadcast_refusal
-from secvfl.errors import MessageError, ProtocolError, UnsupportedError
+from secvfl.errors import MessageError, ProtocolError, SecvflWarning, UnsupportedError
 from secvfl.messages import Message, register_kind
 
 if TYPE_CHECKING:
@@ -77,6 +85,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MaskedAggregation",
     "PartyDroppedError",
+    "UnauthenticatedKeysWarning",
     "FixedPoint",
     "KEY_KIND",
     "MASKED_KIND",
@@ -96,6 +105,10 @@ log = logging.getLogger(__name__)
 
 # drop_hook(party, phase, round) -> True: the party does not deliver in that phase ("keys" or "masked").
 DropHook = Callable[[str, str, int], bool]
+
+
+class UnauthenticatedKeysWarning(SecvflWarning):
+    """Masking runs without the secure channel: the parties' public keys are not authenticated (module docstring)."""
 
 
 class PartyDroppedError(ProtocolError):

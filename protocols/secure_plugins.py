@@ -3,12 +3,16 @@
 * ``--he ckks`` (:class:`protocols.ckks.CKKSPlugin`): feature parties encrypt their outputs under the label party's
   CKKS public key; an added ``aggregator`` party sums the ciphertexts; the label party decrypts only the sum.
 * ``--secagg mask`` (:class:`SecAggPlugin`): pairwise additive masks (:class:`protocols.secagg.MaskedAggregation`);
-  the receiver learns the exact fixed-point sum and nothing about a single party's output.
+  the receiver learns the exact fixed-point sum and nothing about a single party's output. The parties' public keys
+  for the masks are authenticated only when ``--secure-channel`` is on; without it a relay that swaps them can unmask
+  a party, so the run warns (:class:`protocols.secagg.UnauthenticatedKeysWarning`).
 * ``--secure-channel`` (:class:`ChannelPlugin`): every message is sealed end to end
   (:class:`protocols.channel.SecureChannelLayer`, stack position 90, the outermost layer). Identity keys come from
-  ``--channel-keys DIR`` (``<party>.key.pem`` private keys and ``<party>.pub.pem`` pinned public keys), or, without
-  it, are generated in memory for this run only -- that protects the bytes on the wire of this process but proves
-  nothing about who the peers are across runs, so a warning is logged.
+  ``--channel-keys DIR`` (``<party>.key.pem`` private keys and ``<party>.pub.pem`` pinned public keys: the keys of a
+  deployment, where each party holds only its own ``.key.pem``), or, without it, every party's key is generated and
+  pinned in this one process: that protects the bytes on the wire of this simulation but proves nothing about who the
+  peers are, so it is never a deployment. The run says at its start which of the two it is
+  (:class:`ChannelKeysWarning`).
 
 Threat models are those of the protocol modules. ``--he`` and ``--secagg`` are alternatives (each replaces the plain
 aggregation); asking for both is refused up front.
@@ -17,7 +21,7 @@ aggregation); asking for both is refused up front.
 from __future__ import annotations
 
 import argparse
-import logging
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,18 +35,22 @@ from protocols.channel import (
 )
 from protocols.ckks import CKKSPlugin
 from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
-from protocols.secagg import MaskedAggregation
-from secvfl.errors import ConfigError, UnsupportedError
+from protocols.secagg import MaskedAggregation, UnauthenticatedKeysWarning
+from secvfl.errors import ConfigError, SecvflWarning, UnsupportedError
 
 if TYPE_CHECKING:
     from secvfl.algorithms.base import Algorithm, RunContext
     from secvfl.config import TrainConfig
 
-__all__ = ["SecAggPlugin", "ChannelPlugin", "RunChannelLayer", "generate_channel_keys", "CHANNEL_POSITION"]
-
-log = logging.getLogger(__name__)
+__all__ = ["SecAggPlugin", "ChannelPlugin", "ChannelKeysWarning", "RunChannelLayer", "generate_channel_keys",
+           "CHANNEL_POSITION"]
 
 CHANNEL_POSITION = 90  # outermost: seals whatever the inner layers produced
+
+
+class ChannelKeysWarning(SecvflWarning):
+    """Where the secure channel's identity keys come from: generated in this process (a simulation, never a
+    deployment) or key files (``--channel-keys``), of which this one process reads every party's private key."""
 
 
 def _he_requested(cfg: TrainConfig) -> bool:
@@ -58,7 +66,9 @@ class SecAggPlugin(ProtocolPlugin):
         parser.add_argument(
             "--secagg", choices=("none", "mask"), default="none",
             help="masked secure aggregation of the parties' outputs (vafl, fdml): mask = pairwise additive masks "
-                 "(X25519 + AES-CTR); the label party learns only the sum. Alternative to --he ckks",
+                 "(X25519 + AES-CTR); the label party learns only the sum. The parties' public keys for the masks "
+                 "are authenticated only with --secure-channel (without it, a relay that swaps them can unmask a "
+                 "party). Alternative to --he ckks",
         )
         parser.add_argument(
             "--secagg-frac-bits", type=int, default=24, metavar="F",
@@ -86,6 +96,11 @@ class SecAggPlugin(ProtocolPlugin):
         problems = aggregation.check(traits)
         if problems:
             raise UnsupportedError("; ".join(problems))
+        if not cfg.option("secure_channel"):
+            warnings.warn(
+                "--secagg mask without --secure-channel: the parties' public keys for the masks are not "
+                "authenticated, so whoever can modify the traffic between parties can swap them and read a party's "
+                "individual output; add --secure-channel", UnauthenticatedKeysWarning, stacklevel=2)
         return ProtocolSetup(aggregation=aggregation, summary=lambda: {"secagg": aggregation.describe()})
 
 
@@ -163,7 +178,8 @@ class RunChannelLayer(SecureChannelLayer):
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
-        out["keys"] = str(self.key_dir) if self.key_dir is not None else "ephemeral (generated for this run only)"
+        out["keys"] = (str(self.key_dir) if self.key_dir is not None else
+                       "ephemeral (every party's key generated and pinned in this one process: simulation only)")
         return out
 
 
@@ -175,12 +191,14 @@ class ChannelPlugin(ProtocolPlugin):
     def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
         parser.add_argument(
             "--secure-channel", action="store_true",
-            help="seal every message end to end (Ed25519-signed X25519 handshake, AES-256-GCM); outermost layer",
+            help="seal every message end to end (SIGMA handshake: X25519, Ed25519 signatures and key confirmation "
+                 "over the whole transcript; AES-256-GCM); outermost layer. Also authenticates --secagg mask's keys",
         )
         parser.add_argument(
             "--channel-keys", default=None, metavar="DIR",
-            help="folder with <party>.key.pem (mode 0600) and <party>.pub.pem for every party of the run; "
-                 "default: identity keys generated in memory for this run only",
+            help="folder with <party>.key.pem (mode 0600) and <party>.pub.pem for every party of the run "
+                 "(deployment keys); default: every party's key generated and pinned in this one process, "
+                 "a simulation only, never a deployment",
         )
 
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
@@ -190,8 +208,16 @@ class ChannelPlugin(ProtocolPlugin):
                 raise UnsupportedError("--channel-keys only applies with --secure-channel")
             return None
         if key_dir is None:
-            log.warning("--secure-channel without --channel-keys: identity keys were generated for this run only; "
-                        "pass --channel-keys DIR to authenticate parties with pinned long-term keys")
+            statement = ("--secure-channel without --channel-keys: every party's identity key was generated and pinned "
+                         "in this one process, so parties are authenticated only within this simulation; never use "
+                         "this for a deployment (there, pass --channel-keys DIR with keys each party generated on its "
+                         "own host)")
+        else:
+            statement = (f"--secure-channel with --channel-keys {key_dir}: identity keys come from the key files in "
+                         f"{key_dir} and peers are pinned from its .pub.pem files (deployment keys); this one process "
+                         "reads every party's .key.pem, which only a test on one host should do: in a deployment "
+                         "each party keeps its own key on its own host")
+        warnings.warn(statement, ChannelKeysWarning, stacklevel=2)
         layer = RunChannelLayer(key_dir)
 
         def handshake(algo: Algorithm) -> None:
@@ -202,7 +228,8 @@ class ChannelPlugin(ProtocolPlugin):
             layers=[(CHANNEL_POSITION, layer)],
             attach=[handshake],
             summary=lambda: {"security": {"secure_channel": True,
-                                          "channel_keys": "pinned from directory" if key_dir else "ephemeral",
+                                          "channel_keys": "key files (deployment keys)" if key_dir else
+                                          "generated in this process (simulation only)",
                                           "messages_sealed": layer.sealed, "messages_opened": layer.opened}},
         )
 

@@ -62,6 +62,8 @@ __all__ = [
     "Message",
     "encode",
     "decode",
+    "delivered",
+    "mark_delivered",
     "header_size",
     "register_kind",
     "KINDS",
@@ -171,7 +173,8 @@ class Message:
 
     ``tensors`` hold numeric data (torch tensors, any supported dtype and shape); ``blobs`` hold opaque bytes such as
     serialised ciphertexts; ``meta`` holds small JSON-serialisable facts (batch size, compression spec, ...).
-    ``wire_size`` is set by :func:`decode`: a message a party receives has crossed the transport.
+    ``wire_size`` is set by :func:`decode` (the bytes it was read from); whether a message crossed the transport is
+    a separate mark only :func:`decode` and the network set (:func:`delivered`).
     """
 
     kind: str
@@ -401,7 +404,27 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     for name, nbytes in head.blobs:
         blobs[name] = bytes(view[off : off + nbytes])
         off += nbytes
-    return Message(head.kind, head.sender, head.receiver, head.step, tensors, blobs, head.meta, wire_size=n)
+    return mark_delivered(Message(head.kind, head.sender, head.receiver, head.step, tensors, blobs, head.meta, wire_size=n))
+
+
+_DELIVERED = object()  # the mark of a message read from bytes (or delivered by a Network); see mark_delivered
+
+
+def mark_delivered(message: Message) -> Message:
+    """Mark ``message`` as having crossed the transport (returns it).
+
+    :func:`decode` marks every message it reads, and the network marks what it hands a party after the receiver's
+    own layers (and the result of an aggregation it runs for the receiver). Nothing else should call this: the
+    constructor and :meth:`Message.replace` never mark, so a message built or copied in process -- whatever its
+    ``wire_size`` says -- is refused by :func:`secvfl.parties.require_wire`.
+    """
+    object.__setattr__(message, "_delivered", _DELIVERED)
+    return message
+
+
+def delivered(message: Message) -> bool:
+    """Whether ``message`` was read from bytes by :func:`decode` or delivered by a network (see :func:`mark_delivered`)."""
+    return getattr(message, "_delivered", None) is _DELIVERED
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:

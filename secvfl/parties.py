@@ -1,7 +1,14 @@
 """Parties. Each holds only its own data, model, optimiser and keys, and talks to others only through messages.
 
 A party never receives another party's tensors directly: every tensor it is given arrives in a :class:`Message`
-decoded from bytes by the transport (``wire_size`` set), which :func:`require_wire` checks.
+decoded from bytes by the transport and addressed to it, which :func:`require_wire` checks.
+
+Nor does a party hold a reference to anything of another party's: not the other party, not the algorithm that
+coordinates them all (nor its :class:`~secvfl.algorithms.base.RunContext`, whose dataset holds every party's
+features and the labels), not the network or its protocol layers (which keep per-party state for every party).
+Hooks that protocols install on a party (release rule, backward rule, tagger) run as that party and get its own
+state plus public facts only (a :class:`~secvfl.algorithms.base.BatchSchedule`). ``tests/test_isolation.py`` walks
+the object graph from every party, under every algorithm and protocol, to check this.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import torch
 from torch import nn
 
 from secvfl.errors import ConfigError, PartyIsolationError
-from secvfl.messages import Message
+from secvfl.messages import Message, delivered
 
 __all__ = [
     "FeatureParty",
@@ -29,12 +36,22 @@ __all__ = [
 ]
 
 
-def require_wire(message: Message) -> Message:
-    """Refuse a message that did not cross the transport (a party reading another party's objects)."""
-    if message.wire_size is None:
+def require_wire(message: Message, receiver: str | None = None) -> Message:
+    """Refuse a message that did not cross the transport (a party reading another party's objects), or, given the
+    ``receiver`` using it, one addressed to another party.
+
+    Crossing the transport is a mark only :func:`~secvfl.messages.decode` and the network set
+    (:func:`~secvfl.messages.delivered`); a message built or copied in process lacks it, whatever its ``wire_size``.
+    """
+    if not delivered(message):
         raise PartyIsolationError(
             f"{message.kind} message from {message.sender} to {message.receiver} was handed over directly; "
             "parties may only use messages received through the network"
+        )
+    if receiver is not None and message.receiver != receiver:
+        raise PartyIsolationError(
+            f"{receiver} was handed a {message.kind} message addressed to {message.receiver}; a party may only use "
+            "messages the network delivered to it"
         )
     return message
 
@@ -196,7 +213,7 @@ class FeatureParty(_Party):
 
     def backward(self, message: Message) -> None:
         """Apply the received gradient w.r.t. the last training output and take an optimiser step."""
-        require_wire(message)
+        require_wire(message, self.name)
         if self._pending is None:
             raise PartyIsolationError(f"{self.name} received a gradient without a pending forward pass")
         x, out, held = self._pending
@@ -258,7 +275,7 @@ class LabelParty(_Party):
 
     def _inputs(self, inputs: Sequence[Message]) -> list[torch.Tensor]:
         return [
-            require_wire(m).tensor(self.input_kind).to(device=self.device, dtype=self.dtype).requires_grad_(True)
+            require_wire(m, self.name).tensor(self.input_kind).to(device=self.device, dtype=self.dtype).requires_grad_(True)
             for m in inputs
         ]
 
@@ -304,7 +321,7 @@ class LabelParty(_Party):
     ) -> torch.Tensor:
         """Class probabilities (n, C) for the rows the inputs describe."""
         self.head.eval()
-        xs = [require_wire(m).tensor(self.input_kind).to(device=self.device, dtype=self.dtype) for m in inputs]
+        xs = [require_wire(m, self.name).tensor(self.input_kind).to(device=self.device, dtype=self.dtype) for m in inputs]
         return probabilities(self._forward(xs, aggregated, input_scale), self.n_classes)
 
     def state_dict(self) -> dict:

@@ -96,21 +96,27 @@ def writing(run_dir: Path) -> Iterator[None]:
 
 
 def write_curves(path: Path, history: list[dict], cfg: TrainConfig) -> None:
-    """``curves.png``: the training loss and the validation metric per epoch (written atomically)."""
+    """``curves.png``: the training loss and the validation metric per epoch (written atomically).
+
+    A run whose training loss is private (label DP: it is computed from the true labels) has no loss panel.
+    """
     from matplotlib.figure import Figure
 
     epochs = [h["epoch"] for h in history]
+    panels = []
+    if history and all(h.get("train_loss") is not None for h in history):
+        panels.append(("train_loss", "training loss (batch mean)", "training loss", "tab:blue"))
     metric = next((k for k in ("val_auc", "val_accuracy") if history and all(k in h for h in history)), None)
-    fig = Figure(figsize=(9.0 if metric else 5.0, 3.4))
-    axes = fig.subplots(1, 2 if metric else 1, squeeze=False)[0]
-    axes[0].plot(epochs, [h["train_loss"] for h in history], marker="o")
-    axes[0].set(xlabel="epoch", ylabel="training loss (batch mean)", title="training loss")
     if metric:
-        axes[1].plot(epochs, [h[metric] for h in history], marker="o", color="tab:green")
-        axes[1].set(xlabel="epoch", ylabel=metric[4:], title=f"validation {metric[4:]}")
+        panels.append((metric, metric[4:], f"validation {metric[4:]}", "tab:green"))
+    fig = Figure(figsize=(4.5 * max(1, len(panels)), 3.4))
+    axes = fig.subplots(1, max(1, len(panels)), squeeze=False)[0]
+    for ax, (key, ylabel, title, colour) in zip(axes, panels, strict=False):
+        ax.plot(epochs, [h[key] for h in history], marker="o", color=colour)
+        ax.set(xlabel="epoch", ylabel=ylabel, title=title)
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(f"{cfg.algo} on {cfg.dataset}: {cfg.parties} parties, batch {cfg.batch_size}, lr {cfg.lr:g}, "
-                 f"seed {cfg.seed}", fontsize=10)
+    fig.suptitle(f"{cfg.algo} on {dataset_label(cfg.dataset)}: {cfg.parties} parties, batch {cfg.batch_size}, "
+                 f"lr {cfg.lr:g}, seed {cfg.seed}", fontsize=10)
     save_figure_atomic(fig, path)

@@ -159,8 +159,9 @@ def _primary(metrics: dict[str, float]) -> tuple[str, float]:
 
 # -- run directories -------------------------------------------------------------------------------------------
 # What a resumed run may change (README, Training, "Resuming"): more epochs extend it; where the data lives and how
-# many threads it uses are properties of the machine, not of the run. Every other setting is refused.
-RESUME_CHANGES = ("epochs", "data_dir", "threads")
+# many threads it uses are properties of the machine, not of the run; a DP run may be allowed a larger epsilon than
+# planned when releases repeated after a crash would exceed the plan. Every other setting is refused.
+RESUME_CHANGES = ("epochs", "data_dir", "threads", "dp_accept_epsilon")
 # Test hook (tests/test_resume_kill.py): the process sends itself SIGKILL right after this training batch, counted
 # from the first batch of the run (batches before a resume point included), to test recovery from a real crash.
 KILL_AT_BATCH_ENV = "SECVFL_KILL_AT_BATCH"
@@ -180,7 +181,9 @@ def _resumable(run_dir: Path, from_epoch: int | None, changes: dict[str, Any]) -
     unknown = sorted(set(changes) - set(RESUME_CHANGES))
     if unknown:
         raise ConfigError(f"a resumed run can change only {', '.join(RESUME_CHANGES)}, not {', '.join(unknown)}")
-    cfg = replace(saved, **changes) if changes else saved
+    core = {k: v for k, v in changes.items() if k in TrainConfig.__dataclass_fields__}
+    options = {k: v for k, v in changes.items() if k not in core}  # a protocol's flag
+    cfg = replace(saved, **core, options={**saved.options, **options}) if changes else saved
     done = latest_epoch(run_dir) if from_epoch is None else int(from_epoch)
     if done > cfg.epochs:
         raise ConfigError(f"--epochs {cfg.epochs}: {run_dir} has already trained {done} epochs; a resumed run can "
@@ -237,6 +240,9 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
     if resume is not None:
         restored = load_checkpoint(run_dir, run, epoch=from_epoch, count_since_build=True)
         start_epoch, history, wall_before = restored.epoch, restored.history, restored.wall_seconds
+    for hook in (h for s in run.setups for h in s.on_start):
+        hook(run_dir, start_epoch)  # may refuse to go on; nothing in the run directory has been written yet
+    if resume is not None:
         with writing(run_dir):
             if from_epoch is not None:
                 discard_after(run_dir, from_epoch)
@@ -257,6 +263,8 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
     t0 = time.perf_counter()
     kill_at = _kill_at_batch()
     per_epoch = run.algorithm.batches_per_epoch()
+    # a training loss only one party may read (label DP: computed from the true labels) is handed to it, shown nowhere
+    keepers = [s.private_loss for s in run.setups if s.private_loss is not None]
     bar = None
     if progress and sys.stderr.isatty():  # a redirected log gets one line per epoch, not carriage returns
         from tqdm import tqdm
@@ -278,7 +286,8 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
                     raise _diverged(cfg, run_dir, epoch, batch, loss)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                    if not keepers:
+                        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
                 if kill_at is not None and epoch * per_epoch + batch == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -286,14 +295,17 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
             if not math.isfinite(train["loss"]):
                 raise _diverged(cfg, run_dir, epoch, None, train["loss"])
             val = run.algorithm.evaluate("val")
-            row = {"epoch": epoch + 1, "train_loss": train["loss"], **{f"val_{k}": v for k, v in val.items()},
-                   "bytes_total": run.net.stats.bytes_total}
+            row = {"epoch": epoch + 1, "train_loss": None if keepers else train["loss"],
+                   **{f"val_{k}": v for k, v in val.items()}, "bytes_total": run.net.stats.bytes_total}
+            for keep in keepers:
+                keep(epoch + 1, train["loss"])
             history.append(row)
             key, value = _primary(val)
+            shown = "private" if keepers else f"{train['loss']:.4f}"
             if bar is not None:
-                bar.set_postfix(loss=f"{train['loss']:.4f}", **{f"val_{key}": f"{value:.4f}"})
+                bar.set_postfix(loss=shown, **{f"val_{key}": f"{value:.4f}"})
             else:
-                log(f"epoch {epoch + 1}/{cfg.epochs} loss {train['loss']:.4f} val {key} {value:.4f}")
+                log(f"epoch {epoch + 1}/{cfg.epochs} loss {shown} val {key} {value:.4f}")
             if run_dir is not None:
                 elapsed = wall_before + time.perf_counter() - t0
                 with writing(run_dir):

@@ -326,6 +326,28 @@ CASES: list[Case] = [
     Case(("attack", "label-inference", "--attack", "norm", "--run", "{tmp}"), "not a finished run directory",
          id="attack-run-not-a-run"),
     # -- area: differential privacy (cases added below this line) --
+    Case((*_TRAIN, "--privacy", "dp", "--dp-mechanism", "gradient", "--epsilon", "3", "--dp-accept-epsilon", "2"),
+         "--dp-accept-epsilon 2 is below the planned epsilon 3: it can only allow a run to spend more",
+         id="dp-accept-epsilon-below-plan"),
+    Case((*_TRAIN, "--privacy", "dp", "--epsilon", "3", "--dp-accept-epsilon", "inf"),
+         "--dp-accept-epsilon must be a finite number > 0, got inf", id="dp-accept-epsilon-inf"),
+    Case((*_TRAIN, "--privacy", "dp", "--epsilon", "3", "--dp-accept-epsilon", "x"),
+         "argument --dp-accept-epsilon: invalid float value: 'x'", id="dp-accept-epsilon-not-a-number"),
+    Case((*_TRAIN, "--dp-accept-epsilon", "4"), "--dp-accept-epsilon only take effect with --privacy dp",
+         id="dp-accept-epsilon-without-privacy"),
+    Case(("train", "--resume", "{tmp}/run", "--epochs", "2"), "parties/label/dp-ledger.json is damaged, so what this "
+         "run released cannot be counted", setup=_all(
+             _trained_with("--privacy", "dp", "--dp-mechanism", "gradient", "--noise-multiplier", "3"),
+             _write("run/parties/label/dp-ledger.json", "garbage")), id="resume-dp-ledger-damaged"),
+    Case(("train", "--resume", "{tmp}/run", "--epochs", "2"), "finishing this run would spend epsilon 2.541, more "
+         "than its budget of 2.029", setup=_all(
+             _trained_with("--privacy", "dp", "--dp-mechanism", "gradient", "--noise-multiplier", "3"),
+             # a process began epoch 2 (extending the run) and was killed before its checkpoint
+             _write("run/parties/label/dp-ledger.json", '{"format": "secvfl-dp-ledger/1", "party": "label", '
+                    '"mechanism": "gradient", "protects": "labels", "n_train": 127, "noise_multiplier": 3.0, '
+                    '"epsilon": null, "entries": [{"release": "epoch", "epoch": 0, "process": 1, "replay": null}, '
+                    '{"release": "epoch", "epoch": 1, "process": 2, "replay": null}]}')),
+         id="resume-dp-epoch-released-before-a-crash-over-budget"),
     Case((*_TRAIN, "--privacy", "dp", "--epsilon", "3", "--dp-mechanism", "laplace"),
          "argument --dp-mechanism: invalid choice: 'laplace'", id="dp-mechanism-unknown"),
     Case((*_TRAIN, "--privacy", "dp", "--epsilon", "3", "--dp-mechanism", "rr-prior"),

@@ -191,3 +191,23 @@ def test_apply_writes_head_gradients_and_chunking_is_invisible() -> None:
     chunked_mech.apply(chunked)
     for n, p in head.named_parameters():
         assert torch.equal(p.grad, chunked.head_grads[n])
+
+
+@pytest.mark.parametrize("clip, published", [("jacobian", True), ("gradient", False)])
+def test_the_clipped_fraction_is_published_only_when_clipping_does_not_depend_on_the_label(
+        clip: str, published: bool) -> None:
+    # Under --dp-clip gradient a row is clipped or not depending on its label, so the count is a release no noise
+    # protects; the Jacobian clip sees features and earlier releases only.
+    from protocols.dp.label_dp import LabelDPRule
+
+    torch.manual_seed(3)
+    head = ConcatHead(8, 1, hidden=5)
+    xs, y = _batch()
+    rule = LabelDPRule(loss="bce", clip_norm=0.05, noise_multiplier=1.0, noise=SeededNoise(0), clip=clip)
+    inputs = [x.clone().requires_grad_() for x in xs]
+    rule(head, lambda t: head(*t), inputs, y.float(), lambda out, t: _loss(out, t.long(), "bce"))
+    fraction = rule.describe()["clipped_fraction"]
+    if published:
+        assert fraction is not None and fraction > 0.5  # the clip is tight: most rows shrink
+    else:
+        assert fraction is None

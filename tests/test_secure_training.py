@@ -11,7 +11,7 @@ import pytest
 from protocols.channel import SecureChannelLayer
 from protocols.ckks import CIPHERTEXT_KIND, SUM_KIND
 from protocols.secagg import MASKED_KIND
-from protocols.secure_plugins import generate_channel_keys
+from protocols.secure_plugins import ChannelKeysWarning, generate_channel_keys
 from secvfl.cli.main import main
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError, UnsupportedError
@@ -187,11 +187,11 @@ def test_orphan_flags_are_refused() -> None:
 
 
 @pytest.mark.parametrize("algo", ["vafl", "splitnn"])
-def test_secure_channel_same_metrics_more_bytes(algo: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_secure_channel_same_metrics_more_bytes(algo: str) -> None:
     nets = []
-    with caplog.at_level(logging.WARNING, logger="protocols.secure_plugins"):
+    with pytest.warns(ChannelKeysWarning, match="generated and pinned in this one process.*never use this for a "
+                                                "deployment"):
         secure = _train(algo, {"secure_channel": True}, on_build=lambda run: nets.append(run.net))
-    assert "generated for this run only" in caplog.text
     plain = _plain(algo)
     assert secure["metrics"]["test"] == plain["metrics"]["test"]  # sealing is lossless
     assert secure["comm"]["bytes_total"] > plain["comm"]["bytes_total"]
@@ -214,7 +214,8 @@ def test_secure_channel_with_ckks_seals_ciphertexts() -> None:
 
 def test_secure_channel_with_pinned_key_directory(tmp_path) -> None:
     generate_channel_keys(tmp_path, [*FEATURE_PARTIES, LABEL])
-    secure = _train("vafl", {"secure_channel": True, "channel_keys": str(tmp_path)})
+    with pytest.warns(ChannelKeysWarning, match="identity keys come from the key files in .*deployment keys"):
+        secure = _train("vafl", {"secure_channel": True, "channel_keys": str(tmp_path)})
     assert secure["metrics"]["test"] == _plain("vafl")["metrics"]["test"]
     assert secure["protocols"]["layers"][-1]["keys"] == str(tmp_path)
     (tmp_path / "party1.key.pem").unlink()

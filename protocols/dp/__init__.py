@@ -13,6 +13,8 @@
 - :mod:`protocols.dp.feature_dp`: feature DP (clipped, noised embedding rows + DP-SGD bottom model).
 - :mod:`protocols.dp.denoise`: Bayesian soft labels from the noisy releases (post-processing).
 - :mod:`protocols.dp.config`: option validation and the calibrated plan; :mod:`protocols.dp.statement`: the text.
+- :mod:`protocols.dp.ledger`: each releasing party's durable record of its releases, so that releases repeated after
+  a crash are charged; :mod:`protocols.dp.private`: files only one party reads (the true-label training loss).
 - :mod:`protocols.dp.plugin`: ``--privacy dp`` flags, the ``dp`` protocol layer, attachment to a run.
 - :mod:`protocols.dp.audit`: empirical epsilon lower bounds (canary audits).
 

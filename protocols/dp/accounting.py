@@ -138,8 +138,14 @@ def _flatten(events: Iterable[Event]) -> list[Event]:
         elif isinstance(e, (GaussianEvent, SampledGaussianEvent, PureDPEvent)):
             out.append(e)
         else:
-            raise TypeError(f"not a privacy event: {e!r}")
+            raise _unknown(e, "compose")
     return out
+
+
+def _unknown(event: object, where: str) -> UnsupportedError:
+    """Fail closed: a release no accountant knows how to price must be refused, never counted as costing nothing."""
+    return UnsupportedError(f"{where}: cannot account for a {type(event).__name__}, which is not a known privacy "
+                            "event; describe the release as a GaussianEvent, SampledGaussianEvent or PureDPEvent")
 
 
 def _check_delta(delta: float) -> None:
@@ -201,6 +207,8 @@ class RdpAccountant(Accountant):
                 # epsilon-DP implies (alpha, epsilon)-RDP (Mironov 2017, Prop. 3) and (epsilon^2 / 2)-zCDP, i.e.
                 # (alpha, alpha epsilon^2 / 2)-RDP (Bun & Steinke 2016, Prop. 1.4); both hold, so take the smaller.
                 total += steps * np.minimum(e.epsilon, self.orders * e.epsilon**2 / 2)
+            else:
+                raise _unknown(e, f"{self.name} accountant")
         return total
 
     def get_epsilon_and_order(self, delta: float) -> tuple[float, float]:
@@ -251,7 +259,8 @@ class PrvAccountant(Accountant):
             elif isinstance(e, SampledGaussianEvent):
                 acc.history.append((e.noise_multiplier, e.sample_rate, e.count * times))
             else:
-                raise UnsupportedError("the PRV accountant handles Gaussian events only; use --dp-accountant rdp")
+                raise UnsupportedError(f"the PRV accountant handles Gaussian events only, not a {type(e).__name__}; "
+                                       "use --dp-accountant rdp")
         acc.history = [h for h in acc.history if h[2] > 0]
         if not acc.history:
             return 0.0

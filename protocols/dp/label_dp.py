@@ -390,7 +390,10 @@ class LabelDPRule:
             "head_weight": None if self.mode == "residual" else self.head_weight,
             "steps": self.steps,
             "rows_released": self.rows_released,
-            "clipped_fraction": round(self.clipped_rows / self.rows_released, 4) if self.rows_released else None,
+            # Under --dp-clip gradient whether a row is clipped depends on its label: the count would be an
+            # unprotected release, so it is published only for the label-independent clips.
+            "clipped_fraction": (round(self.clipped_rows / self.rows_released, 4)
+                                 if self.rows_released and self.mode != "gradient" else None),
         }
 
 

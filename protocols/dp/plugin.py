@@ -22,12 +22,16 @@ What each setting installs (threat models in :mod:`protocols.dp.label_dp`, :mod:
     every protected feature party clips and noises each training embedding row it releases and trains its bottom
     model with DP-SGD (:class:`FeatureDP`); the layer refuses an embedding message from it that bypassed that.
 
-The noise plan (multiplier, epsilon) is fixed before training by :func:`protocols.dp.config.plan_dp`.
+The noise plan (multiplier, epsilon) is fixed before training by :func:`protocols.dp.config.plan_dp`. Every release
+is recorded in the releasing party's ledger before it is made (:mod:`protocols.dp.ledger`), and a run refuses to go
+on when finishing would spend more than its budget, counting what interrupted processes released.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -35,13 +39,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from protocols.base import AlgorithmTraits, Layer, Role
+from protocols.base import AlgorithmTraits, Layer, Role, Topology
 from protocols.dp.alibi import alibi_soft_labels
 from protocols.dp.choice import GRADIENT_ONLY_FLAGS, choose_mechanism
 from protocols.dp.collapse import chance_accuracy, utility_collapse
 from protocols.dp.config import LABEL_RELEASE_MECHANISMS, MECHANISM_WORDS, DPConfig, DPPlan, plan_dp
 from protocols.dp.feature_dp import FeatureDP
 from protocols.dp.label_dp import LabelDPRule
+from protocols.dp.ledger import (
+    ReleaseLedger,
+    epsilon_spent,
+    ledger_header,
+    releases_per_sample,
+    repeated_releases,
+    replay_key,
+)
+from protocols.dp.private import PARTY_DIRS, STAGE2_FILE, TrainLossKeeper, party_dir
 from protocols.dp.rng import NoiseSource, make_noise_source
 from protocols.dp.rr import randomized_response
 from protocols.dp.staged import TwoStageRR, stage2_epoch_for, stage_split
@@ -49,11 +62,13 @@ from protocols.dp.statement import privacy_markdown, privacy_statement, privacy_
 from protocols.dp.targets import TargetBackward
 from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
+from secvfl.io import write_json_atomic
 from secvfl.messages import Message
 
 if TYPE_CHECKING:
     from secvfl.algorithms.base import Algorithm, RunContext
     from secvfl.config import TrainConfig
+    from secvfl.transport.network import Network
 
 __all__ = ["DPLayer", "DPPlugin", "dp_config_from_options", "DP_FLAGS"]
 
@@ -73,6 +88,7 @@ DP_FLAGS = {
     "dp_parties": "--dp-parties",
     "dp_denoise": "--dp-denoise",
     "dp_stage1_fraction": "--dp-stage1-fraction",
+    "dp_accept_epsilon": "--dp-accept-epsilon",
 }
 
 
@@ -112,7 +128,8 @@ class DPLayer(Layer):
 
     name: ClassVar[str] = "dp"
 
-    def __init__(self, plan: DPPlan, *, secure_rng: bool, protected: list[str] | None = None) -> None:
+    def __init__(self, plan: DPPlan, *, secure_rng: bool, protected: list[str] | None = None,
+                 replay: str | None = None) -> None:
         self.plan = plan
         self.secure_rng = secure_rng
         self.protected = list(protected or [])
@@ -126,6 +143,59 @@ class DPLayer(Layer):
         self.targets_install = None  # callable(targets) installing released targets at the label party
         self.staged: TwoStageRR | None = None  # rr-prior's stages
         self.alibi_targets: np.ndarray | None = None  # alibi's released soft labels
+        # rr, rr-prior's stage 1, alibi: the labels were randomised by this process (not restored from a checkpoint)
+        self.labels_released_here = False
+        self.ledgers: dict[str, ReleaseLedger] = {}  # releasing party -> its release ledger (see bind)
+        self.replay = replay
+        self.run_dir: Path | None = None
+
+    def bind(self, topology: Topology) -> None:
+        super().bind(topology)
+        # (an algorithm without one label party is refused with its reason when DP attaches to it)
+        labels = topology.parties(Role.LABEL)
+        releasing = self.protected if self.plan.protects == "features" else labels[:1] if len(labels) == 1 else []
+        self.ledgers = {p: ReleaseLedger(p, ledger_header(self.plan, p), self.replay) for p in releasing}
+
+    # -- the release ledger (protocols.dp.ledger) ---------------------------------------------------------------
+    def start_epoch(self, net: Network, epoch: int) -> None:
+        # written (durably, once the run directory is known) before this process releases anything of the epoch
+        if self.plan.mechanism not in LABEL_RELEASE_MECHANISMS:
+            for ledger in self.ledgers.values():
+                ledger.record("epoch", epoch)
+            return
+        part = "stage1" if self.plan.mechanism == "rr-prior" else "labels"
+        for ledger in self.ledgers.values():
+            if self.labels_released_here and not ledger.recorded(part):
+                ledger.record(part, epoch)
+
+    def stored_stage2(self) -> dict[str, Any] | None:
+        """rr-prior's stage-2 release, if an earlier process of this run made it (stored before it was used)."""
+        if self.run_dir is None:
+            return None
+        path = party_dir(self.run_dir, self.topology.label_party) / STAGE2_FILE
+        if not path.exists():
+            return None
+        try:
+            stored = json.loads(path.read_text())
+            if not {"labels", "stage1", "priors", "stage2_epoch"} <= set(stored):
+                raise ValueError
+            return stored
+        except (OSError, UnicodeDecodeError, ValueError, TypeError):
+            raise ConfigError(f"rr-prior's stored stage-2 release {path} is damaged; releasing the labels again would "
+                              "spend epsilon twice: start a new run (another --out)") from None
+
+    def store_stage2(self, epoch: int) -> None:
+        """Keep rr-prior's stage-2 release and record it in the ledger, before the labels are used."""
+        assert self.staged is not None
+        if self.run_dir is not None:
+            write_json_atomic(party_dir(self.run_dir, self.topology.label_party) / STAGE2_FILE,
+                              self.staged.state_dict())
+        for ledger in self.ledgers.values():
+            ledger.record("stage2", epoch)
+
+    def ledger_entries(self) -> list[dict[str, Any]]:
+        """The releases recorded so far (every releasing party's ledger holds the same epochs; the longest counts)."""
+        return max((ledger.entries for ledger in self.ledgers.values()), key=len, default=[])
 
     # -- validity ---------------------------------------------------------------------------------------------
     def check(self, traits: AlgorithmTraits) -> list[str]:
@@ -197,6 +267,8 @@ class DPLayer(Layer):
         return state
 
     def load_mechanism_state(self, state: dict[str, Any]) -> None:
+        if any(k in state for k in ("rr_prior", "alibi_targets", "rr_labels")):
+            self.labels_released_here = False  # the labels an earlier process released are used, not this one's
         if "rr_prior" in state and self.staged is not None:
             self.staged.load_state_dict(state["rr_prior"])
             if self.targets_install is not None:
@@ -276,10 +348,15 @@ class FeatureDPRelease:
     non-training rows are not accounted, so training rows may not be released outside training); the model's
     gradients are per-sample clipped and noised (DP-SGD). A LASER-VFL party's heads train on the released rows, so
     the gradients it sends its peers are post-processing and its heads need no noise of their own.
+
+    The rule holds only its own party's mechanism (its model and noise stream) and the layer's record of release
+    steps (public step numbers, which the layer checks outgoing messages against), never the layer itself: that holds
+    every protected party's mechanism, hence every protected party's model.
     """
 
     def __init__(self, mech: FeatureDP, layer: DPLayer) -> None:
-        self.mech, self.layer = mech, layer
+        self.mech = mech
+        self.released_steps: dict[str, int] = layer.feature_released
 
     def release(self, party: str, step: int, split: str, out: torch.Tensor, *, train: bool) -> torch.Tensor:
         if split == "train" and not train:
@@ -288,7 +365,7 @@ class FeatureDPRelease:
                 "(an unaccounted release); evaluate on val/test"
             )
         released = self.mech.release_embeddings(out) if train else self.mech.clip(out)
-        self.layer.feature_released[party] = step
+        self.released_steps[party] = step
         return released
 
     def model_gradients(
@@ -344,6 +421,10 @@ class DPPlugin(ProtocolPlugin):
                             "noisy releases so far (post-processing, no privacy cost)")
         p.add_argument("--dp-parties", default=None,
                        help="features: comma-separated feature parties that protect their rows (default: all)")
+        p.add_argument("--dp-accept-epsilon", type=float, default=None, metavar="E",
+                       help="finish a run whose releases were repeated after a crash (see the release ledger) even "
+                            "though that spends more than planned, up to epsilon E (default: refuse); may be given "
+                            "with --resume")
 
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
         privacy = cfg.option("privacy") or "none"
@@ -380,23 +461,58 @@ class DPPlugin(ProtocolPlugin):
                 raise ConfigError(f"--dp-parties: unknown parties {unknown}; feature parties are {feature_names}")
         elif cfg.option("dp_parties"):
             raise ConfigError("--dp-parties applies to --dp-protect features only")
-        layer = DPLayer(plan, secure_rng=noise.secure, protected=protected)
+        accepted = cfg.option("dp_accept_epsilon")
+        limit = _budget(plan, accepted)
+        replay = replay_key(secure=noise.secure, device=str(ctx.device), threads=cfg.threads)
+        layer = DPLayer(plan, secure_rng=noise.secure, protected=protected, replay=replay)
         problems = layer.check(traits)
         if problems:
             raise UnsupportedError(f"--privacy dp is not valid for algorithm {traits.name!r}: " + "; ".join(problems))
         attach = [lambda algo: _attach(algo, layer, plan, noise, cfg, n_classes)]
+        # the gradient mechanism's training loss is computed from the true labels: the label party keeps it
+        keeper = TrainLossKeeper() if plan.protects == "labels" and plan.mechanism == "gradient" else None
+
+        def start(run_dir: Path | None, trained: int) -> None:
+            if run_dir is not None:
+                for ledger in layer.ledgers.values():
+                    ledger.open(run_dir, trained_epochs=trained)
+                layer.run_dir = Path(run_dir)
+                if keeper is not None:
+                    keeper.open(party_dir(run_dir, layer.topology.label_party), trained_epochs=trained)
+            _check_budget(layer, limit, run_dir, trained, cfg.epochs)
+
+        def spent() -> tuple[DPPlan, bool]:
+            """The plan as it turned out (epsilon of every release that happened), and whether that is within plan."""
+            entries = layer.ledger_entries()
+            eps, times = epsilon_spent(plan, entries), releases_per_sample(plan, entries)
+            within = eps <= plan.epsilon * (1 + _TOLERANCE)
+            if layer.rule is not None:  # the guarantee assumes each row is released at most `releases_per_sample` times
+                within = within and layer.rule.rows_released <= plan.n_train * plan.releases_per_sample
+            if eps <= plan.epsilon:
+                return plan, within
+            what = ", ".join(f"{name} released {n} times" for name, n in repeated_releases(entries).items())
+            note = (f"releases were repeated after the run was interrupted and resumed ({what or 'more than planned'}), "
+                    f"with fresh noise: epsilon {eps:.4g} counts every release that happened (the plan was "
+                    f"{plan.epsilon:.4g}" + (f"; allowed by --dp-accept-epsilon {accepted:g}" if accepted else "") + ")")
+            return dataclasses.replace(plan, epsilon=eps, releases_per_sample=times, notes=[*plan.notes, note]), within
 
         def summary() -> dict[str, Any]:
-            s = privacy_summary(plan, secure_rng=noise.secure)
+            actual, within = spent()
+            s = privacy_summary(actual, secure_rng=noise.secure)
             s["generator"] = noise.describe()["generator"]
+            entries = layer.ledger_entries()
+            s.update(epsilon_planned=plan.epsilon, epsilon_spent=epsilon_spent(plan, entries),
+                     repeated_releases=repeated_releases(entries), within_plan=within)
+            if accepted is not None:
+                s["epsilon_accepted"] = float(accepted)
             if layer.rule is not None:
                 s["released"] = layer.rule.describe()
-                # the guarantee assumes each training row is released at most `releases_per_sample` times
-                s["within_plan"] = layer.rule.rows_released <= plan.n_train * plan.releases_per_sample
             if layer.targets_rule is not None:
                 s["released"] = layer.describe()
             if protected:
                 s["protected_parties"] = protected
+            if keeper is not None:
+                s["train_loss"] = f"kept by the label party ({PARTY_DIRS}/{layer.topology.label_party}/{keeper.FILE})"
             return {"privacy": s}
 
         chance = chance_accuracy(ctx.data.y_test)
@@ -409,22 +525,81 @@ class DPPlugin(ProtocolPlugin):
                 run_summary.setdefault("privacy", {})["utility_warning"] = warning
 
         def finish(run_dir: Path | None) -> str:
+            actual, _ = spent()
             kw = {"algorithm": traits.name, "protected_parties": protected or None, "n_classes": n_classes,
-                  "released": layer.describe()}
+                  "released": layer.describe(),
+                  "train_loss": f"{PARTY_DIRS}/{layer.topology.label_party}/{keeper.FILE}" if keeper else None}
             seed = None if noise.secure else cfg.seed
-            text = privacy_statement(plan, secure_rng=noise.secure, seed=seed, **kw)
+            text = privacy_statement(actual, secure_rng=noise.secure, seed=seed, **kw)
             if layer.rule is not None and layer.rule.rows_released > plan.n_train * plan.releases_per_sample:
                 text += (" WARNING: more per-sample releases happened than the plan accounts for; the stated "
                          "guarantee does NOT hold for this run.")
+            if actual.epsilon > limit * (1 + _TOLERANCE):  # only where no run directory let the budget be checked
+                text += f" WARNING: that is more than this run's budget of epsilon {limit:.4g}."
             if run_dir is not None:
                 from secvfl.io import write_text_atomic
 
                 write_text_atomic(Path(run_dir) / "PRIVACY.md",
-                                  privacy_markdown(plan, secure_rng=noise.secure, seed=seed, **kw))
+                                  privacy_markdown(actual, secure_rng=noise.secure, seed=seed, **kw))
             return "\n".join([text, *warnings])
 
         return ProtocolSetup(layers=[(20, layer)], attach=attach, summary=summary, on_finish=[finish],
-                             on_summary=[check_utility])
+                             on_summary=[check_utility], on_start=[start], private_loss=keeper)
+
+
+# Relative slack when comparing epsilons: the same releases give the same float, so this only absorbs rounding.
+_TOLERANCE = 1e-9
+
+
+def _budget(plan: DPPlan, accepted: float | None) -> float:
+    """The most epsilon the run may spend: the --epsilon asked for (the plan's epsilon under --noise-multiplier),
+    raised only by an explicit --dp-accept-epsilon."""
+    c = plan.config
+    planned = float(c.epsilon) if c.epsilon is not None and c.noise_multiplier is None else plan.epsilon
+    if accepted is None:
+        return planned
+    if not (math.isfinite(accepted) and accepted > 0):
+        raise ConfigError(f"--dp-accept-epsilon must be a finite number > 0, got {accepted}")
+    if accepted < planned:
+        raise ConfigError(f"--dp-accept-epsilon {accepted:g} is below the planned epsilon {planned:.4g}: it can only "
+                          "allow a run to spend more than planned; drop it")
+    return float(accepted)
+
+
+def _check_budget(layer: DPLayer, limit: float, run_dir: Path | None, trained: int, epochs: int) -> None:
+    """Refuse to train on when finishing would spend more than ``limit``, counting every release in the ledger.
+
+    What finishing releases: every remaining epoch (gradient mechanism, feature DP); the labels, when this process
+    randomised them itself (a fresh start); rr-prior's stage 2, unless an earlier process stored it.
+    """
+    plan = layer.plan
+    ledgers = list(layer.ledgers.values())
+    if not ledgers:
+        return
+    ledger = ledgers[0]  # every releasing party's ledger records the same epochs
+    future = []
+    if plan.mechanism in LABEL_RELEASE_MECHANISMS:
+        if layer.labels_released_here:
+            future.append(ledger.entry("stage1" if plan.mechanism == "rr-prior" else "labels", trained))
+        if layer.staged is not None and not layer.staged.stage2_done and layer.stored_stage2() is None:
+            future.append(ledger.entry("stage2", layer.staged.stage2_epoch))
+    else:
+        future = [ledger.entry("epoch", e) for e in range(trained, epochs)]
+    entries = layer.ledger_entries()
+    finish = epsilon_spent(plan, entries + future)
+    if finish <= limit * (1 + _TOLERANCE):
+        return
+    repeats = ", ".join(f"{name} released {n} times" for name, n in repeated_releases(entries + future).items())
+    allow = math.ceil(finish * 1000) / 1000
+    how = (f"`secvfl train --resume {run_dir} --dp-accept-epsilon {allow:g}`" if trained else
+           f"the same command with --dp-accept-epsilon {allow:g}")
+    raise ConfigError(
+        f"differential privacy: finishing this run would spend epsilon {finish:.4g}, more than its budget of "
+        f"{limit:.4g}, because its release ledger ({ledger.path or 'in memory'}) shows releases that an interrupted "
+        f"process already made and that finishing makes again ({repeats}; epsilon spent so far "
+        f"{epsilon_spent(plan, entries):.4g}); {run_dir or 'the run'} is kept as it is: to finish anyway at epsilon "
+        f"{allow:g}, run {how}, or start a new run with another --out"
+    )
 
 
 def _refuse_inapplicable(cfg: TrainConfig, config: DPConfig) -> None:
@@ -487,6 +662,7 @@ def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, c
 
             layer.rr_install = install
             layer.rr_labels = randomized_response(true, max(n_classes, 2), plan.epsilon, noise.derive("rr"))
+            layer.labels_released_here = True
             install(layer.rr_labels)
         return
     laser = {p.name: p for p in getattr(algo, "laser_parties", [])}
@@ -533,6 +709,7 @@ def _attach_targets(
     layer.targets_rule, layer.targets_install = rule, install
     if plan.mechanism == "alibi":
         layer.alibi_targets = alibi_soft_labels(true, k, plan.epsilon, noise.derive("alibi"))
+        layer.labels_released_here = True
         install(layer.alibi_targets)
         return
     predict = getattr(algo, "predict_proba", None)
@@ -543,6 +720,7 @@ def _attach_targets(
                         stage2_epoch_for(cfg.epochs))
     staged.release_stage1(noise.derive("rr-prior/stage1"))
     layer.staged = staged
+    layer.labels_released_here = True
     install(staged.likelihoods())
     stage2_noise = noise.derive("rr-prior/stage2")
     train_epoch = algo.train_epoch
@@ -550,7 +728,13 @@ def _attach_targets(
     def staged_train_epoch(epoch: int, *args: Any, **kwargs: Any) -> Any:
         if epoch >= staged.stage2_epoch and not staged.stage2_done:
             # the stage-1 model's predicted distribution for each training row is the prior of its stage-2 label
-            staged.release_stage2(predict("train"), stage2_noise)
+            priors = predict("train")  # also when reusing a stored release: the same messages as an uninterrupted run
+            stored = layer.stored_stage2()
+            if stored is not None:  # an earlier process released stage 2 and was stopped before its next checkpoint
+                staged.load_state_dict(stored)
+            else:
+                staged.release_stage2(priors, stage2_noise)
+                layer.store_stage2(epoch)  # kept and recorded before the labels are used
             install(staged.likelihoods())
         return train_epoch(epoch, *args, **kwargs)
 

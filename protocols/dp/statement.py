@@ -96,8 +96,10 @@ def privacy_statement(
     protected_parties: Sequence[str] | None = None,
     n_classes: int | None = None,
     released: dict[str, Any] | None = None,
+    train_loss: str | None = None,
 ) -> str:
-    """One paragraph in plain words. ``released``: the mechanism's account of what it released (rr-prior's stages)."""
+    """One paragraph in plain words. ``released``: the mechanism's account of what it released (rr-prior's stages);
+    ``train_loss``: where the label party keeps a training loss computed from the true labels (gradient mechanism)."""
     eps, delta = plan.epsilon, plan.delta
     algo = f" ({algorithm})" if algorithm else ""
     if plan.mechanism in LABEL_RELEASE_MECHANISMS:
@@ -139,13 +141,22 @@ def privacy_statement(
             "parties' features."
         )
     if plan.protects == "labels":
-        text += " " + inference_bound_words(plan, n_classes or 2)
+        text += " " + inference_bound_words(plan, n_classes or 2) + " " + _loss_words(plan, train_loss)
     if plan.config.auto_reason:
         text += (f" Mechanism chosen by --dp-mechanism auto (the default): {MECHANISM_WORDS[plan.mechanism]}, because "
                  f"{plan.config.auto_reason}.")
     if plan.notes:
         text += " Notes: " + "; ".join(plan.notes) + "."
     return text + " " + _rng_words(secure_rng, seed)
+
+
+def _loss_words(plan: DPPlan, kept_at: str | None) -> str:
+    if plan.mechanism in LABEL_RELEASE_MECHANISMS:
+        return ("The training loss in metrics.jsonl and summary.json is computed from the released labels only "
+                "(post-processing).")
+    where = f" ({kept_at} in the run directory)" if kept_at else ""
+    return ("The training loss is computed from the true labels, so it is no private release: the label party keeps it "
+            f"to itself{where}, and metrics.jsonl, summary.json, curves.png and the log leave it out.")
 
 
 _RELEASE_NAMES = {

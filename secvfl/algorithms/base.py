@@ -15,7 +15,7 @@ from secvfl.config import TrainConfig
 from secvfl.data import Dataset, Partition
 from secvfl.transport.network import Network
 
-__all__ = ["Algorithm", "RunContext", "batch_ids", "ProgressFn", "LABEL_PARTY", "feature_party_names"]
+__all__ = ["Algorithm", "RunContext", "batch_ids", "BatchSchedule", "ProgressFn", "LABEL_PARTY", "feature_party_names"]
 
 LABEL_PARTY = "label"
 SPLITS = ("train", "val", "test")
@@ -47,6 +47,32 @@ def batch_ids(n_or_ids: int | np.ndarray, batch_size: int, seed: int, epoch: int
     order = ids[np.random.default_rng([seed, epoch]).permutation(len(ids))]
     for start in range(0, len(order), batch_size):
         yield order[start : start + batch_size]
+
+
+class BatchSchedule:
+    """The public schedule of training batches: the training row ids (from the public alignment pattern), the batch
+    size and the shared seed, from which every party derives the same batch order, plus the epoch being trained
+    (None outside training).
+
+    Protocol hooks installed on a party (a compression tagger naming a batch's rows, say) get this, never the
+    algorithm: the algorithm is the in-process coordinator and holds every party, and its context holds every
+    party's features and the labels. The schedule holds public facts only (it copies the row ids).
+    """
+
+    def __init__(self, rows: np.ndarray, batch_size: int, seed: int) -> None:
+        self.rows = np.array(rows, dtype=np.int64)
+        self.rows.setflags(write=False)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.epoch: int | None = None
+
+    def batches(self, epoch: int) -> Iterator[np.ndarray]:
+        return batch_ids(self.rows, self.batch_size, self.seed, epoch)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Every training row id in the order epoch ``epoch`` visits them (its batches one after another)."""
+        batches = list(self.batches(epoch))
+        return np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
 
 
 class Algorithm(ABC):

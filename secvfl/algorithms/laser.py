@@ -91,7 +91,8 @@ class LaserParty:
     ) -> None:
         self.name, self.index, self.device, self.dtype = name, int(index), device, dtype
         self._x = {s: torch.as_tensor(b, dtype=dtype, device=device) for s, b in blocks.items()}
-        self._y = {s: torch.as_tensor(v, dtype=torch.long, device=device) for s, v in labels.items()}
+        # A copy (torch.tensor, not as_tensor): every party is given the same label arrays and must not share memory.
+        self._y = {s: torch.tensor(v, dtype=torch.long, device=device) for s, v in labels.items()}
         self.f = representation.to(device=device, dtype=dtype)
         self.g = head.to(device=device, dtype=dtype)
         opt_name, lr, wd = optimizer_spec
@@ -130,7 +131,7 @@ class LaserParty:
     # -- training step ----------------------------------------------------------------------------------------
     def represent(self, step: int, split: str, ids: np.ndarray, peers: Sequence[str], *, train: bool) -> list[Message]:
         """``f_k`` on rows ``ids``: one embedding message per peer (the other observed parties)."""
-        rows = torch.as_tensor(ids, device=self.device)
+        rows = torch.tensor(ids, device=self.device)  # kept until the step ends: a copy of the shared batch ids
         x = self._x[split][rows]
         self._mode(train)
         if train:
@@ -152,7 +153,7 @@ class LaserParty:
             if k == self.index:
                 parts.append(own)
                 continue
-            t = require_wire(received[name]).tensor("embedding").to(device=self.device, dtype=self.dtype)
+            t = require_wire(received[name], self.name).tensor("embedding").to(device=self.device, dtype=self.dtype)
             if t.shape != own.shape:
                 raise PartyIsolationError(f"{self.name}: embedding of shape {tuple(t.shape)} from {name}, "
                                           f"expected {tuple(own.shape)}")
@@ -197,7 +198,7 @@ class LaserParty:
             raise PartyIsolationError(f"{self.name} received gradients without a pending training step")
         parts = [self._own_grad]
         for m in received:
-            g = require_wire(m).tensor("gradient").to(device=self.device, dtype=self.dtype)
+            g = require_wire(m, self.name).tensor("gradient").to(device=self.device, dtype=self.dtype)
             if g.shape != self._own_grad.shape:
                 raise PartyIsolationError(f"{self.name}: gradient of shape {tuple(g.shape)} from {m.sender}, "
                                           f"expected {tuple(self._own_grad.shape)}")

@@ -38,7 +38,7 @@ class LocalParty:
                  n_classes: int, optimizer: torch.optim.Optimizer, device: torch.device, dtype: torch.dtype) -> None:
         self.name, self.device = name, device
         self._x = {s: torch.as_tensor(b, dtype=dtype, device=device) for s, b in blocks.items()}
-        self._observed = observed
+        self._observed = {s: np.array(m, dtype=bool) for s, m in observed.items()}  # copies, not views of the masks
         self.model = model.to(device=device, dtype=dtype)
         self.optimizer = optimizer
         self.n_classes = n_classes
@@ -49,7 +49,7 @@ class LocalParty:
         return f"LocalParty({self.name!r})"
 
     def receive_labels(self, message: Message) -> None:
-        require_wire(message)
+        require_wire(message, self.name)
         self._y[message.meta["split"]] = message.tensor("labels").to(self.device)
 
     def own_rows(self, split: str) -> np.ndarray:

@@ -127,7 +127,8 @@ class PredictorParty:
     ) -> None:
         self.name, self.index, self.device, self.dtype = name, int(index), device, dtype
         self._x = {s: torch.as_tensor(b, dtype=dtype, device=device) for s, b in blocks.items()}
-        self._y = {s: torch.as_tensor(v, dtype=torch.long, device=device) for s, v in labels.items()}
+        # A copy (torch.tensor, not as_tensor): every party is given the same label arrays and must not share memory.
+        self._y = {s: torch.tensor(v, dtype=torch.long, device=device) for s, v in labels.items()}
         self.f = nn.ModuleDict(representations).to(device=device, dtype=dtype)
         self.g = nn.ModuleDict(heads).to(device=device, dtype=dtype)
         opt_name, lr, wd = optimizer_spec
@@ -207,7 +208,7 @@ class PredictorParty:
         grads = dict(self._own_grads)
         senders = set()
         for m in received:
-            require_wire(m)
+            require_wire(m, self.name)
             senders.add(m.sender)
             for key, g in m.tensors.items():
                 if key not in self._pending:
@@ -261,7 +262,7 @@ class PredictorParty:
             if m == self.index:
                 t = store[spec.key].detach()
             else:
-                t = require_wire(received[names[m]]).tensor(spec.key).to(device=self.device, dtype=self.dtype)
+                t = require_wire(received[names[m]], self.name).tensor(spec.key).to(device=self.device, dtype=self.dtype)
             if train:
                 t = t.requires_grad_(True)
                 leaves[m] = t

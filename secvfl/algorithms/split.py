@@ -23,9 +23,9 @@ from protocols.base import AlgorithmTraits
 from secvfl.algorithms.base import (
     LABEL_PARTY,
     Algorithm,
+    BatchSchedule,
     ProgressFn,
     RunContext,
-    batch_ids,
     feature_party_names,
 )
 from secvfl.messages import Message
@@ -64,9 +64,17 @@ class _SplitBase(Algorithm):
             data.n_classes, device=ctx.device, dtype=ctx.dtype, input_kind=self.output_kind,
         )
         self.names = [fp.name for fp in self.feature_parties]
-        # The epoch being trained (None outside train_epoch): with the shared-seed batch order it names a training
-        # batch's rows publicly, e.g. for compression's per-row error feedback.
-        self.current_epoch: int | None = None
+        # The public batch order and the epoch being trained (None outside train_epoch): it names a training batch's
+        # rows publicly, e.g. for compression's per-row error feedback, without handing anyone this algorithm.
+        self.schedule = BatchSchedule(self.train_rows(), cfg.batch_size, cfg.seed)
+
+    @property
+    def current_epoch(self) -> int | None:
+        return self.schedule.epoch
+
+    @current_epoch.setter
+    def current_epoch(self, epoch: int | None) -> None:
+        self.schedule.epoch = epoch
 
     def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
         raise NotImplementedError
@@ -121,7 +129,7 @@ class _SplitBase(Algorithm):
 
     def _train_epoch(self, epoch: int, progress: ProgressFn | None) -> dict[str, float]:
         losses = []
-        for ids in batch_ids(self.train_rows(), self.cfg.batch_size, self.cfg.seed, epoch):
+        for ids in self.schedule.batches(epoch):
             received = self._deliver(self._forward_all("train", ids, train=True))
             present = self._present(received)
             loss, grads = self.label_party.train_step(

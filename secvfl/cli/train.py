@@ -218,7 +218,7 @@ def _resume_changes(args: argparse.Namespace) -> dict[str, object]:
         listed = ", ".join(f"{flags.get(d, d)} {wanted[d]!r} (the run has {saved.get(d)!r})" for d in refused)
         raise ConfigError(
             f"--resume {run_dir} continues the run with its own settings (config.toml), but the command line changes "
-            f"{listed}; only --epochs (to train longer), --data-dir and --threads may change: drop the others, or "
-            "start a new run with --out"
+            f"{listed}; only --epochs (to train longer), --data-dir, --threads and --dp-accept-epsilon may change: "
+            "drop the others, or start a new run with --out"
         )
     return {d: wanted[d] for d in changed}

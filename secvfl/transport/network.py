@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from protocols.base import Aggregation, AlgorithmTraits, Layer, PlainAggregation, Role, Topology, check_stack
 from secvfl.errors import MessageError
-from secvfl.messages import Message, decode, encode
+from secvfl.messages import Message, decode, encode, mark_delivered
 from secvfl.transport.base import CommStats, Transport
 from secvfl.transport.inprocess import InProcessTransport
 
@@ -95,6 +95,9 @@ class Network:
                 f"{receiver} asked for a {kind or 'any'} message from {sender or 'anyone'} but got a {msg.kind} "
                 f"message from {msg.sender} to {msg.receiver}; the message was misrouted or relabelled"
             )
+        # The receiver's layers act for the receiver (decompress, open a sealed envelope): what they return is what
+        # the receiver got off the wire.
+        msg = mark_delivered(msg)
         if receiver in self._views:
             self._views[receiver].received.append(msg)
         return msg
@@ -102,7 +105,11 @@ class Network:
     def aggregate(self, messages: Sequence[Message], receiver: str, op: str = "sum") -> Message:
         """Sum or mean of several parties' tensors, delivered to ``receiver`` by the configured aggregation."""
         msg = self.aggregation.aggregate(self, messages, receiver, op)
-        return msg
+        if msg.receiver != receiver:
+            raise MessageError(f"the {self.aggregation.name} aggregation addressed the sum for {receiver} to "
+                               f"{msg.receiver}")
+        # Built by the aggregation, for the receiver, from what it received through this network.
+        return mark_delivered(msg)
 
     def record(self, party: str) -> View:
         """Start recording ``party``'s view (for attacks and audits); returns the live view."""
