@@ -12,9 +12,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from protocols.base import AlgorithmTraits
 from secvfl.errors import UnsupportedError
 from secvfl.registry import Registry
+from secvfl.transport.layers import AlgorithmTraits
 
 __all__ = ["Attack", "AttackResult", "RunOutline", "ATTACKS", "LABEL_INFERENCE", "FEATURE_RECONSTRUCTION"]
 

@@ -11,7 +11,6 @@ Ground truth (labels, the target party's features) is read from the run's datase
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -99,15 +98,9 @@ def defence_options(spec: str) -> dict[str, Any]:
 
 def _plugin_defaults() -> dict[str, dict[str, Any]]:
     """Protocol plugin name -> {option dest: default}."""
-    from protocols.plugins import PROTOCOLS, load_plugins
+    from secvfl.plugins import option_defaults
 
-    load_plugins()
-    out = {}
-    for name in PROTOCOLS.names():
-        p = argparse.ArgumentParser(add_help=False)
-        PROTOCOLS.get(name).add_arguments(p)
-        out[name] = {a.dest: a.default for a in p._actions}
-    return out
+    return option_defaults()
 
 
 _NOT_DEFENCES = {"missing-features"}  # plugins that change the algorithm, not what crosses the boundaries
@@ -170,7 +163,7 @@ def _linear_config(cfg: TrainConfig, aggregation: str) -> bool:
 
 
 def _feature_parties(algo_cls: type, n_blocks: int) -> tuple[str, ...]:
-    from protocols.base import Role
+    from secvfl.transport.layers import Role
 
     return tuple(p for p, role in algo_cls.party_roles(n_blocks).items() if role == Role.FEATURE)
 

@@ -1,56 +1,15 @@
-"""Protocol layers: composable middleware on messages, under every algorithm.
+"""Helpers shared by the protocol implementations.
 
-An algorithm only sends "embeddings" and receives "gradients"; the configured stack of layers (compress, add noise,
-encrypt, ...) transforms them on the way out (``outbound``, in stack order) and back (``inbound``, in reverse order),
-like an onion. A layer acts on behalf of the party that sends or receives, and keeps that party's state apart from
-every other party's (error-feedback residuals, keys, noise generators).
-
-Collective operations whose *communication pattern* changes under a protocol (sum or mean of the feature parties'
-outputs, which CKKS or masking route through an aggregator) go through an :class:`Aggregation` instead.
-
-Every layer says up front whether it can serve an algorithm (:meth:`Layer.check` returns problems, empty if none),
-so an invalid combination is refused before training with a message that says why.
+The interfaces protocols implement (:class:`~secvfl.transport.layers.Layer`,
+:class:`~secvfl.transport.layers.Aggregation`, :class:`~secvfl.transport.layers.AlgorithmTraits`, ...) live in the
+core, in :mod:`secvfl.transport.layers`; the plugin interface in :mod:`secvfl.plugins`.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from secvfl.transport.layers import AlgorithmTraits
 
-import torch
-
-from secvfl.errors import UnsupportedError
-from secvfl.messages import Message
-
-if TYPE_CHECKING:
-    from secvfl.transport.network import Network
-
-__all__ = ["Role", "AlgorithmTraits", "Topology", "Layer", "Aggregation", "PlainAggregation", "check_stack",
-           "broadcast_refusal"]
-
-
-class Role(str, Enum):  # noqa: UP042 - StrEnum would change str(role) in logs and saved configs
-    LABEL = "label"  # holds labels and the head; computes the loss
-    FEATURE = "feature"  # holds a feature block and a bottom model
-    AGGREGATOR = "aggregator"  # holds no data and no secret key; adds what it is given (CKKS, masking)
-
-
-@dataclass(frozen=True)
-class AlgorithmTraits:
-    """What an algorithm sends, so layers can decide whether (and to what) they apply."""
-
-    name: str
-    # How the receivers combine the parties' outputs: "concat" | "mean" | "sum" | "subset-mean" (through the network's
-    # aggregation), "broadcast" (every receiver gets each party's output as its own message) or "none".
-    aggregation: str
-    forward_kinds: tuple[str, ...] = ("embedding",)
-    backward_kinds: tuple[str, ...] = ("gradient",)
-    gradient_based: bool = True
-    shares_labels: bool = False  # the label party sends labels to feature parties (e.g. `local`)
-    labels_at_every_party: bool = False  # every party holds the labels (LASER-VFL): no party to hide them from
+__all__ = ["broadcast_refusal"]
 
 
 def broadcast_refusal(traits: AlgorithmTraits, flag: str) -> str:
@@ -59,132 +18,3 @@ def broadcast_refusal(traits: AlgorithmTraits, flag: str) -> str:
         f"{traits.name} sends each party's output to its receivers individually and never sums them through the "
         f"network, so {flag} would protect nothing; drop it (--secure-channel protects the messages in transit)"
     )
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Who is who in a federation: party name -> role."""
-
-    roles: Mapping[str, Role]
-
-    def parties(self, role: Role) -> list[str]:
-        return [p for p, r in self.roles.items() if r == role]
-
-    @property
-    def label_party(self) -> str:
-        labels = self.parties(Role.LABEL)
-        if len(labels) != 1:
-            raise UnsupportedError(f"this operation needs exactly one label party, found {labels}")
-        return labels[0]
-
-    @property
-    def feature_parties(self) -> list[str]:
-        return self.parties(Role.FEATURE)
-
-
-class Layer:
-    """One protocol layer. Subclasses override what they need; the defaults pass messages through unchanged (so
-    nothing here is abstract: a layer that only observes, or only keeps state, is complete)."""
-
-    name: ClassVar[str] = "layer"
-
-    def check(self, traits: AlgorithmTraits) -> list[str]:
-        """Problems that make this layer invalid for ``traits`` (empty list: valid)."""
-        return []
-
-    def bind(self, topology: Topology) -> None:
-        """Called once when the network is built, before any message."""
-        self.topology = topology
-
-    def outbound(self, messages: list[Message], party: str) -> list[Message]:
-        """Transform the messages ``party`` releases in one step (all of them together, e.g. for joint clipping)."""
-        return messages
-
-    def inbound(self, message: Message, party: str) -> Message:
-        """Transform a message ``party`` received, undoing what the sender's layer did where needed."""
-        return message
-
-    def describe(self) -> dict[str, Any]:
-        """Facts for ``summary.json`` (parameters, privacy spent, ...)."""
-        return {"layer": self.name}
-
-    def start_epoch(self, net: Network, epoch: int) -> None:
-        """Called by the runner before the first message of every epoch. Keys that a restarted process cannot
-        have (and must not read back from a checkpoint) are renewed here, at each checkpoint boundary, so that an
-        interrupted and resumed run sends exactly what an uninterrupted one sends."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-
-def check_stack(layers: Sequence[Layer], traits: AlgorithmTraits, aggregation: Aggregation | None = None) -> None:
-    """Refuse, with every reason at once, a stack that cannot serve the algorithm."""
-    problems = [f"{layer.name}: {p}" for layer in layers for p in layer.check(traits)]
-    if aggregation is not None:
-        problems += [f"{aggregation.name}: {p}" for p in aggregation.check(traits)]
-    if problems:
-        raise UnsupportedError(f"protocols not valid for algorithm {traits.name!r}:\n  " + "\n  ".join(problems))
-
-
-class Aggregation(ABC):
-    """How the sum or mean of several parties' tensors reaches one receiver."""
-
-    name: ClassVar[str] = "aggregation"
-    # Whether the receiver also learns each party's own tensors (plain: yes; secure aggregations: only the sum).
-    reveals_individual_outputs: ClassVar[bool] = False
-
-    def check(self, traits: AlgorithmTraits) -> list[str]:
-        return []
-
-    def bind(self, topology: Topology) -> None:
-        self.topology = topology
-
-    @abstractmethod
-    def aggregate(self, net: Network, messages: Sequence[Message], receiver: str, op: str) -> Message:
-        """Deliver ``op`` ("sum" or "mean") over ``messages``' tensors (name by name) to ``receiver``."""
-
-    def describe(self) -> dict[str, Any]:
-        return {"aggregation": self.name}
-
-    def start_epoch(self, net: Network, epoch: int) -> None:  # noqa: B027 - optional hook, like Layer's
-        """Like :meth:`Layer.start_epoch`: renew per-epoch keys before the epoch's first round."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Public counters to checkpoint (never keys: :meth:`start_epoch` renews those)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook, like Layer's
-        pass
-
-
-@dataclass
-class PlainAggregation(Aggregation):
-    """Every party sends its tensors to the receiver, which adds them up. No protection beyond the layers."""
-
-    name: ClassVar[str] = "plain"
-    reveals_individual_outputs: ClassVar[bool] = True
-    topology: Topology | None = field(default=None, repr=False)
-
-    def aggregate(self, net: Network, messages: Sequence[Message], receiver: str, op: str) -> Message:
-        if op not in ("sum", "mean"):
-            raise UnsupportedError(f"aggregation op must be 'sum' or 'mean', got {op!r}")
-        for m in messages:
-            net.send(m.replace(receiver=receiver))
-        received = [net.receive(receiver, kind=m.kind, sender=m.sender) for m in messages]
-        return sum_messages(received, receiver, op)
-
-
-def sum_messages(received: Sequence[Message], receiver: str, op: str) -> Message:
-    names = list(received[0].tensors)
-    total: dict[str, torch.Tensor] = {}
-    for name in names:
-        acc = received[0].tensor(name).clone()
-        for m in received[1:]:
-            acc += m.tensor(name)
-        total[name] = acc / len(received) if op == "mean" else acc
-    first = received[0]
-    return Message(first.kind, "aggregate", receiver, first.step, total, {}, {"op": op, "parties": len(received)},
-                   wire_size=sum(m.wire_size or 0 for m in received))

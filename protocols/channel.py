@@ -92,9 +92,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from protocols.base import Layer, Topology
 from secvfl.errors import ConfigError, MessageError, ProtocolError
 from secvfl.messages import Message, decode, encode, register_kind
+from secvfl.transport.layers import Layer, Topology
 
 if TYPE_CHECKING:
     from secvfl.transport.network import Network

@@ -95,12 +95,13 @@ import numpy as np
 import tenseal as ts
 import torch
 
-from protocols.base import Aggregation, AlgorithmTraits, Role, Topology, broadcast_refusal
+from protocols.base import broadcast_refusal
 from protocols.ckks_cipher import CiphertextError, CKKSCipher
 from protocols.ckks_worker import read_frame, write_frame
-from protocols.plugins import ProtocolPlugin, ProtocolSetup
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import WIRE_DTYPES, Message, register_kind
+from secvfl.plugins import ProtocolPlugin, ProtocolSetup
+from secvfl.transport.layers import Aggregation, AlgorithmTraits, Role, Topology
 
 if TYPE_CHECKING:
     import argparse
@@ -884,8 +885,8 @@ class CKKSAggregation(Aggregation):
 
 
 class CKKSPlugin(ProtocolPlugin):
-    """``--he ckks`` and ``--ckks-params`` for ``secvfl train``. Not registered here: enable it with
-    ``PROTOCOLS.add("he", CKKSPlugin())`` in a module listed in ``protocols.plugins.PLUGIN_MODULES``."""
+    """``--he ckks`` and ``--ckks-params`` for ``secvfl train``. Not an entry point itself: ``secvfl train`` uses
+    :class:`protocols.secure_plugins.CKKSTrainPlugin`, which also stops the encryption workers when a run ends."""
 
     name = "he"
 

@@ -66,7 +66,7 @@ auto`` (default), are compressed like the link's training messages when those us
 consistency) and sent dense otherwise (a linear model's test outputs, say); ``dense`` and ``compress`` force either.
 They are counted like everything else.
 
-Placement and composition (stack position 10, see :mod:`protocols.plugins`):
+Placement and composition (stack position 10, see :mod:`secvfl.plugins`):
 
 * **Differential privacy: noise first, then compression.** The DP mechanisms add noise at the party, before the
   message enters the stack, so compression (including the data-dependent top-k choice and the error-feedback memory,
@@ -85,6 +85,7 @@ memory at the receiver is an estimate of what the sender sent, no more than the 
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 import zlib
@@ -95,9 +96,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from protocols.base import AlgorithmTraits, Layer
-from secvfl.errors import ConfigError, ProtocolError
+from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import WIRE_DTYPES, Message
+from secvfl.plugins import ProtocolPlugin, ProtocolSetup
+from secvfl.transport.layers import AlgorithmTraits, Layer
 
 __all__ = [
     "VALID_OPS",
@@ -121,6 +123,7 @@ __all__ = [
     "specs_from_options",
     "secure_aggregation_name",
     "tag_rows",
+    "CompressionPlugin",
 ]
 
 SPARSIFIERS = ("topk", "randk")
@@ -976,67 +979,57 @@ def tag_rows(algo: Any, layer: CompressionLayer, *, backward_rows: bool = True) 
     return True
 
 
-def _register_plugin() -> None:
-    import argparse
+class CompressionPlugin(ProtocolPlugin):
+    """``--compress SPEC`` (both directions), ``--compress-forward SPEC``, ``--compress-backward SPEC``."""
 
-    from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
-    from secvfl.errors import UnsupportedError
+    name = "compression"
+    # options-only form {"compress": "topk", "compress_ratio": r} (library use)
+    extra_options: ClassVar[tuple[str, ...]] = ("compress_ratio",)
 
-    class CompressionPlugin(ProtocolPlugin):
-        """``--compress SPEC`` (both directions), ``--compress-forward SPEC``, ``--compress-backward SPEC``."""
+    def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
+        ops = "topk:RATIO, randk:RATIO, quant:BITS, fp16, bf16, fp32, joined with '+', then optionally +ef or +vr"
+        parser.add_argument(
+            "--compress", default=None, metavar="SPEC",
+            help=f"compress forward and backward messages ({ops}), e.g. topk:0.1+ef or randk:0.1+quant:8",
+        )
+        parser.add_argument("--compress-forward", default=None, metavar="SPEC",
+                            help="compression of forward messages (embeddings, outputs); overrides --compress")
+        parser.add_argument("--compress-backward", default=None, metavar="SPEC",
+                            help="compression of backward messages (gradients, duals); overrides --compress")
+        parser.add_argument("--compress-eval", choices=("auto", "dense", "compress"), default=None,
+                            help="evaluation/prediction outputs: auto (default: compressed like training when "
+                                 "training used no memory, else dense), dense, or compress (always, with memory)")
 
-        name = "compression"
+    def configure(self, cfg: Any, traits: AlgorithmTraits, ctx: Any) -> ProtocolSetup | None:
+        both = cfg.option("compress")
+        ratio = cfg.option("compress_ratio")  # options-only form {"compress": "topk", "compress_ratio": r}
+        if ratio is not None and both in SPARSIFIERS:
+            both = f"{both}:{ratio}"
+        fwd, bwd = specs_from_options(both, cfg.option("compress_forward"), cfg.option("compress_backward"))
+        if fwd is None and bwd is None:
+            if cfg.option("compress_eval") is not None:
+                raise ConfigError("--compress-eval only applies together with --compress/--compress-forward")
+            return None
+        if not traits.forward_kinds and not traits.backward_kinds:
+            raise UnsupportedError(f"--compress: algorithm {traits.name!r} exchanges no embeddings or gradients")
+        layer = CompressionLayer(fwd, bwd, aggregation=secure_aggregation_name(cfg.options), seed=cfg.seed,
+                                 evaluation=cfg.option("compress_eval") or "auto")
+        problems = layer.check(traits)
+        if problems:
+            raise UnsupportedError(f"--compress is not valid for algorithm {traits.name!r}: " + "; ".join(problems))
+        feedback = any(s is not None and s.feedback for s in (fwd, bwd))
 
-        def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
-            ops = "topk:RATIO, randk:RATIO, quant:BITS, fp16, bf16, fp32, joined with '+', then optionally +ef or +vr"
-            parser.add_argument(
-                "--compress", default=None, metavar="SPEC",
-                help=f"compress forward and backward messages ({ops}), e.g. topk:0.1+ef or randk:0.1+quant:8",
-            )
-            parser.add_argument("--compress-forward", default=None, metavar="SPEC",
-                                help="compression of forward messages (embeddings, outputs); overrides --compress")
-            parser.add_argument("--compress-backward", default=None, metavar="SPEC",
-                                help="compression of backward messages (gradients, duals); overrides --compress")
-            parser.add_argument("--compress-eval", choices=("auto", "dense", "compress"), default=None,
-                                help="evaluation/prediction outputs: auto (default: compressed like training when "
-                                     "training used no memory, else dense), dense, or compress (always, with memory)")
+        def attach(algo: Any) -> None:
+            if getattr(algo, "persistent_messages", False):
+                return  # the algorithm marks its own messages (persistent, rows, eval)
+            rows = bwd is not None and bwd.feedback is not None
+            if not tag_rows(algo, layer, backward_rows=rows) and feedback:
+                raise UnsupportedError(
+                    f"--compress ...+ef/+vr: algorithm {traits.name!r} sends per-batch messages without naming "
+                    "their rows, so error feedback cannot keep a per-row memory; drop +ef/+vr"
+                )
 
-        def configure(self, cfg: Any, traits: AlgorithmTraits, ctx: Any) -> ProtocolSetup | None:
-            both = cfg.option("compress")
-            ratio = cfg.option("compress_ratio")  # options-only form {"compress": "topk", "compress_ratio": r}
-            if ratio is not None and both in SPARSIFIERS:
-                both = f"{both}:{ratio}"
-            fwd, bwd = specs_from_options(both, cfg.option("compress_forward"), cfg.option("compress_backward"))
-            if fwd is None and bwd is None:
-                if cfg.option("compress_eval") is not None:
-                    raise ConfigError("--compress-eval only applies together with --compress/--compress-forward")
-                return None
-            if not traits.forward_kinds and not traits.backward_kinds:
-                raise UnsupportedError(f"--compress: algorithm {traits.name!r} exchanges no embeddings or gradients")
-            layer = CompressionLayer(fwd, bwd, aggregation=secure_aggregation_name(cfg.options), seed=cfg.seed,
-                                     evaluation=cfg.option("compress_eval") or "auto")
-            problems = layer.check(traits)
-            if problems:
-                raise UnsupportedError(f"--compress is not valid for algorithm {traits.name!r}: " + "; ".join(problems))
-            feedback = any(s is not None and s.feedback for s in (fwd, bwd))
-
-            def attach(algo: Any) -> None:
-                if getattr(algo, "persistent_messages", False):
-                    return  # the algorithm marks its own messages (persistent, rows, eval)
-                rows = bwd is not None and bwd.feedback is not None
-                if not tag_rows(algo, layer, backward_rows=rows) and feedback:
-                    raise UnsupportedError(
-                        f"--compress ...+ef/+vr: algorithm {traits.name!r} sends per-batch messages without naming "
-                        "their rows, so error feedback cannot keep a per-row memory; drop +ef/+vr"
-                    )
-
-            return ProtocolSetup(
-                layers=[(COMPRESSION_POSITION, layer)], attach=[attach],
-                summary=lambda: {"compression": layer.describe()},
-            )
-
-    if "compress" not in PROTOCOLS:
-        PROTOCOLS.add("compress", CompressionPlugin())
-
-
-_register_plugin()
+        return ProtocolSetup(
+            layers=[(COMPRESSION_POSITION, layer)], attach=[attach],
+            summary=lambda: {"compression": layer.describe()},
+        )

@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from protocols.base import Role
 from secvfl.errors import DataError, ProtocolError
 from secvfl.messages import Message, register_kind
+from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
 __all__ = ["PsiParty", "Alignment", "align", "hash_to_curve", "POINTS_KIND", "REBLINDED_KIND"]

@@ -40,7 +40,7 @@ then holds only against a passive network. ``secvfl train --secagg mask`` withou
 themselves were generated and pinned in the one process of the run: authentication within a simulation, not between
 organisations.
 
-Who sees what: with a party of role :attr:`~protocols.base.Role.AGGREGATOR` in the topology, the masked vectors go
+Who sees what: with a party of role :attr:`~secvfl.transport.layers.Role.AGGREGATOR` in the topology, the masked vectors go
 there and only their (still encoded) sum goes to the receiver; otherwise the receiver adds the masked vectors itself.
 Either way no party sees an unmasked tensor of another party.
 
@@ -75,9 +75,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from protocols.base import Aggregation, AlgorithmTraits, Role, Topology, broadcast_refusal
+from protocols.base import broadcast_refusal
 from secvfl.errors import MessageError, ProtocolError, SecvflWarning, UnsupportedError
 from secvfl.messages import Message, register_kind
+from secvfl.transport.layers import Aggregation, AlgorithmTraits, Role, Topology
 
 if TYPE_CHECKING:
     from secvfl.transport.network import Network

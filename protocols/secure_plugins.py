@@ -25,7 +25,6 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from protocols.base import AlgorithmTraits, Topology
 from protocols.channel import (
     ChannelCredentials,
     IdentityKey,
@@ -34,15 +33,16 @@ from protocols.channel import (
     require_outermost,
 )
 from protocols.ckks import CKKSPlugin
-from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
 from protocols.secagg import MaskedAggregation, UnauthenticatedKeysWarning
 from secvfl.errors import ConfigError, SecvflWarning, UnsupportedError
+from secvfl.plugins import ProtocolPlugin, ProtocolSetup
+from secvfl.transport.layers import AlgorithmTraits, Topology
 
 if TYPE_CHECKING:
     from secvfl.algorithms.base import Algorithm, RunContext
     from secvfl.config import TrainConfig
 
-__all__ = ["SecAggPlugin", "ChannelPlugin", "ChannelKeysWarning", "RunChannelLayer", "generate_channel_keys",
+__all__ = ["CKKSTrainPlugin", "SecAggPlugin", "ChannelPlugin", "ChannelKeysWarning", "RunChannelLayer", "generate_channel_keys",
            "CHANNEL_POSITION"]
 
 CHANNEL_POSITION = 90  # outermost: seals whatever the inner layers produced
@@ -104,7 +104,7 @@ class SecAggPlugin(ProtocolPlugin):
         return ProtocolSetup(aggregation=aggregation, summary=lambda: {"secagg": aggregation.describe()})
 
 
-class _CKKSTrainPlugin(CKKSPlugin):
+class CKKSTrainPlugin(CKKSPlugin):
     """:class:`CKKSPlugin`, plus stopping its encryption workers when the run ends."""
 
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
@@ -233,7 +233,3 @@ class ChannelPlugin(ProtocolPlugin):
                                           "messages_sealed": layer.sealed, "messages_opened": layer.opened}},
         )
 
-
-PROTOCOLS.add("he", _CKKSTrainPlugin())
-PROTOCOLS.add("secagg", SecAggPlugin())
-PROTOCOLS.add("channel", ChannelPlugin())

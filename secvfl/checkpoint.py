@@ -17,8 +17,8 @@ was damaged on disk afterwards can be replaced by it: ``secvfl train --resume RU
 truncated or missing file is reported with its path and what to do, never as a traceback.
 
 Nothing secret beyond a party's own model and optimiser is written: session keys of the secure channel and
-masking keys are renewed at every epoch boundary instead (see :meth:`protocols.base.Layer.start_epoch`), and the
-secure DP generator's key never leaves the process.
+masking keys are renewed at every epoch boundary instead (see :meth:`secvfl.transport.layers.Layer.start_epoch`),
+and the secure DP generator's key never leaves the process.
 """
 
 from __future__ import annotations

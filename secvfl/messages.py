@@ -65,6 +65,7 @@ __all__ = [
     "delivered",
     "mark_delivered",
     "header_size",
+    "payload_size",
     "register_kind",
     "KINDS",
     "WIRE_DTYPES",
@@ -337,6 +338,12 @@ def _validation_problem(raw: bytes | memoryview, exc: msgspec.ValidationError) -
 def header_size(message: Message) -> int:
     """Bytes of the message that are not tensor or blob payload (prefix + JSON header)."""
     return _PREFIX.size + len(_header(message))
+
+
+def payload_size(message: Message) -> int:
+    """Bytes of the message's tensor and blob payloads: its encoded size minus :func:`header_size`."""
+    tensors = sum(t.numel() * _ITEMSIZE[t.dtype] for t in message.tensors.values())
+    return tensors + sum(len(b) for b in message.blobs.values())
 
 
 def encode(message: Message) -> bytes:

@@ -28,7 +28,6 @@ import numpy as np
 import tomli_w
 import torch
 
-from protocols.plugins import ProtocolSetup, configure_protocols
 from secvfl.algorithms import get_algorithm
 from secvfl.algorithms.base import Algorithm, RunContext
 from secvfl.checkpoint import discard_after, latest_epoch, load_checkpoint, save_checkpoint
@@ -36,6 +35,7 @@ from secvfl.config import TrainConfig
 from secvfl.data import Dataset, block_miss_probabilities, draw_masks, load_dataset, make_partition
 from secvfl.errors import ConfigError
 from secvfl.io import write_json_atomic, write_text_atomic
+from secvfl.plugins import ProtocolSetup, configure_protocols
 from secvfl.rundir import check_out_dir, write_curves, writing
 from secvfl.transport.network import Network
 
@@ -123,7 +123,7 @@ def build_run(cfg: TrainConfig) -> Run:
     layers = [layer for _, layer in sorted((lp for s in setups for lp in s.layers), key=lambda t: t[0])]
     aggregation = next((s.aggregation for s in setups if s.aggregation is not None), None)
     roles = algo_cls.party_roles(partition.n_blocks)
-    if aggregation is not None and hasattr(aggregation, "extra_roles"):
+    if aggregation is not None:
         roles.update(aggregation.extra_roles())
     net = Network(roles, layers=layers, aggregation=aggregation, traits=algo_cls.traits)
     torch.manual_seed(cfg.seed)

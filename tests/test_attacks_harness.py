@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from attacks.harness import defence_options, load_view, save_view, undefended
-from protocols.base import Role
 from secvfl.cli.main import main
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError
 from secvfl.messages import Message
+from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
 SMALL = ["--dataset", "breast_cancer", "--parties", "2", "--epochs", "1"]

@@ -17,9 +17,9 @@ from attacks import (
     observe_gradients,
     sample_known_labels,
 )
-from protocols.base import Role
 from secvfl.errors import ConfigError, DataError
 from secvfl.messages import Message
+from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
 

@@ -30,7 +30,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import protocols.channel as channel_module
-from protocols.base import Layer, Role
 from protocols.channel import (
     HANDSHAKE_KIND,
     ChannelCredentials,
@@ -54,6 +53,7 @@ from secvfl.bench.decode import capture_corpus, mutate
 from secvfl.errors import ConfigError, MessageError, ProtocolError
 from secvfl.messages import Message, decode, encode
 from secvfl.transport import InProcessTransport, Network
+from secvfl.transport.layers import Layer, Role
 
 PARTIES = ["label", "bank", "shop"]
 ROLES = {"label": Role.LABEL, "bank": Role.FEATURE, "shop": Role.FEATURE}

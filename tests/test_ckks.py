@@ -14,7 +14,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.base import AlgorithmTraits, Role
 from protocols.ckks import (
     CIPHERTEXT_KIND,
     HE_STANDARD_MAX_BITS,
@@ -29,6 +28,7 @@ from protocols.ckks_cipher import CKKSCipher
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import Message, decode, encode
 from secvfl.transport.inprocess import InProcessTransport
+from secvfl.transport.layers import AlgorithmTraits, Role
 from secvfl.transport.network import Network
 
 AGG = "agg"

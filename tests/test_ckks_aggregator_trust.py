@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.base import Role
 from protocols.ckks import SUM_KIND, CKKSAggregation
 from secvfl.messages import Message
+from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
 

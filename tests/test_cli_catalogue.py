@@ -38,6 +38,14 @@ def _write(name: str, content: bytes | str) -> Callable[[Path], None]:
     return setup
 
 
+def _append(name: str, text: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        with open(tmp / name, "a") as f:
+            f.write(text)
+
+    return setup
+
+
 def _all(*setups: Callable[[Path], None]) -> Callable[[Path], None]:
     def setup(tmp: Path) -> None:
         for s in setups:
@@ -384,6 +392,11 @@ CASES: list[Case] = [
          "--dp-head-weight must be a finite number > 0, got inf", id="dp-head-weight-inf"),
     Case((*_TRAIN, "--algo", "eg", "--saddle-mu", "inf"), "--saddle-mu must be a finite number >= 0, got inf",
          id="saddle-mu-inf"),
+    # -- area: structure, protocol plugins (cases added below this line) --
+    Case(("train", "--resume", "{tmp}/run", "--epochs", "2"),
+         "--quantum-link 'on': no installed protocol plugin takes this option",
+         setup=_all(_trained_with(), _append("run/config.toml", 'quantum_link = "on"\n')),  # [options] is last
+         id="resume-run-whose-protocol-plugin-is-not-installed"),
 ]
 
 

@@ -11,7 +11,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.base import AlgorithmTraits, Role
 from protocols.compression import (
     CompressionLayer,
     compress_values,
@@ -29,6 +28,7 @@ from protocols.compression import (
 )
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import Message, encode, header_size
+from secvfl.transport.layers import AlgorithmTraits, Role
 from secvfl.transport.network import Network
 
 TRAITS = AlgorithmTraits("splitnn", "concat")

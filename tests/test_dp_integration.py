@@ -61,7 +61,7 @@ def test_rule_without_noise_equals_standard_backward_through_the_label_party(alg
     ids = alg.train_rows()[:40]
     received = alg._deliver(alg._forward_all("train", ids, train=True))
     scale = alg._scale("train", ids)
-    aggregated = alg.aggregation != "concat"
+    aggregated = alg.traits.aggregation != "concat"
     results = []
     rules = [LabelDPRule(loss="bce", clip_norm=1e9, noise_multiplier=0.0, noise=SeededNoise(0), clip=clip)
              for clip in ("residual", "jacobian", "gradient")]

@@ -22,7 +22,7 @@ def _grads_through_parties(run, ids):
     from secvfl.algorithms.base import LABEL_PARTY
 
     received = algo._deliver(algo._forward_all("train", ids, train=True))
-    _, grads = lp.train_step(0, ids, received, algo.names, aggregated=algo.aggregation != "concat",
+    _, grads = lp.train_step(0, ids, received, algo.names, aggregated=algo.traits.aggregation != "concat",
                              input_scale=algo._scale("train", ids))
     run.net.send(*grads)
     for fp in algo.feature_parties:

@@ -107,11 +107,11 @@ _KEY_MODULES = ("tenseal", "_tenseal_cpp", "_sealapi_cpp", "cryptography")
 
 
 def _forbidden_types() -> tuple[type, ...]:
-    from protocols.base import Aggregation, Layer
     from secvfl.algorithms.base import Algorithm, RunContext
     from secvfl.data import Dataset
     from secvfl.runner import Run
     from secvfl.transport import Network, Transport
+    from secvfl.transport.layers import Aggregation, Layer
 
     return (Algorithm, RunContext, Dataset, Run, Network, Transport, Layer, Aggregation)
 

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from secvfl.algorithms.base import RunContext
-from secvfl.algorithms.laser import LaserVFL
-from secvfl.algorithms.missing_baselines import Combinatorial, Ensemble, LocalBaseline, PlugVFL, StandardVFL
-from secvfl.algorithms.subsets import TaskTable, subsets_containing, task_weight
+from secvfl.algorithms.missing.baselines import Combinatorial, Ensemble, LocalBaseline, PlugVFL, StandardVFL
+from secvfl.algorithms.missing.laser import LaserVFL
+from secvfl.algorithms.missing.subsets import TaskTable, subsets_containing, task_weight
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, make_partition
 from secvfl.errors import UnsupportedError

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import secvfl.algorithms.subsets as subsets_mod
-from secvfl.algorithms.subsets import (
+import secvfl.algorithms.missing.subsets as subsets_mod
+from secvfl.algorithms.missing.subsets import (
     TaskTable,
     averaging_matrix,
     full_objective,
@@ -237,7 +237,7 @@ def test_weighted_task_loss_equals_loop_value_and_gradient(n, seed):
 
 
 def test_binary_one_logit_loss_matches_bce():
-    from secvfl.algorithms.subsets import per_sample_loss
+    from secvfl.algorithms.missing.subsets import per_sample_loss
 
     torch.manual_seed(0)
     head = torch.nn.Linear(3, 1).double()
@@ -258,7 +258,7 @@ def test_binary_one_logit_loss_matches_bce():
 def test_flat_optimizer_matches_torch_optim_with_skipped_groups(name, skip_every):
     import copy
 
-    from secvfl.algorithms.missing_base import FlatOptimizer
+    from secvfl.algorithms.missing.base import FlatOptimizer
 
     torch.manual_seed(0)
     ref_mods = [torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)]
@@ -290,7 +290,7 @@ def test_flat_optimizer_matches_torch_optim_with_skipped_groups(name, skip_every
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 5), C=st.sampled_from([1, 3]), with_bias=st.booleans(), seed=st.integers(0, 10_000))
 def test_closed_form_linear_head_step_equals_autograd(n, C, with_bias, seed):
-    from secvfl.algorithms.subsets import linear_head_task_grads, per_sample_loss
+    from secvfl.algorithms.missing.subsets import linear_head_task_grads, per_sample_loss
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import f1_score
 
-from secvfl.algorithms.missing_eval import binary_f1, evaluate_predictions, majority_vote, random_predictions
+from secvfl.algorithms.missing.eval import binary_f1, evaluate_predictions, majority_vote, random_predictions
 from secvfl.data.pattern_sampler import PatternBatchSampler, observed_parties, pattern_codes
 from secvfl.errors import ConfigError, DataError
 

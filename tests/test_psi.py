@@ -14,12 +14,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.base import Role
 from protocols.psi import POINTS_KIND, REBLINDED_KIND, PsiParty, align, hash_to_curve
 from secvfl.cli.align import read_ids, register, run
 from secvfl.errors import ConfigError, DataError, ProtocolError
 from secvfl.messages import Message
 from secvfl.transport import Network
+from secvfl.transport.layers import Role
 
 CREDIT = "uci_credit_default/default_of_credit_card_clients.csv.gz"
 

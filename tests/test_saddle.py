@@ -10,24 +10,20 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from protocols.base import Aggregation, PlainAggregation
 from protocols.compression import CompressionLayer
-from secvfl.algorithms.saddle import (
-    ExtraGradient,
-    Monitor,
-    StepSizes,
-    build_federation,
-    make_loss,
-    power_lambda_max,
-)
-from secvfl.algorithms.saddle_baselines import (
+from secvfl.algorithms.saddle.baselines import (
     ADMM,
     GradientDescent,
     Nesterov,
     centralised_optimum,
     smoothness,
 )
+from secvfl.algorithms.saddle.extragradient import ExtraGradient, StepSizes
+from secvfl.algorithms.saddle.federation import build_federation, power_lambda_max
+from secvfl.algorithms.saddle.losses import make_loss
+from secvfl.algorithms.saddle.monitor import Monitor
 from secvfl.errors import ConfigError, UnsupportedError
+from secvfl.transport.layers import Aggregation, PlainAggregation
 
 
 def _data(n=60, d=12, classes=2, seed=0, sparse=False):
@@ -130,12 +126,12 @@ def test_eg_converges_linearly_to_the_closed_form_saddle_point(step):
 def test_each_eg_iteration_is_two_rounds_and_floats_are_counted():
     fed, _ = _fed("logistic", parties=3)
     eg = ExtraGradient(fed, StepSizes(1e-3, 1.0, 1e-3))
-    tr = fed.transport
-    before = tr.payload()
+    stats = fed.net.stats
+    before = stats.payload()
     eg.iterate()
     n, C, K = fed.n, fed.label.C, 3
     # two rounds x (K forward A_k x_k + K backward lambda), float64
-    assert (tr.payload() - before) / 8 == 2 * (K * n * C + K * n * C)
+    assert (stats.payload() - before) / 8 == 2 * (K * n * C + K * n * C)
     assert fed.net.stats.messages_by_kind["logits"] == 2 * K and fed.net.stats.messages_by_kind["gradient"] == 2 * K
 
 
@@ -221,7 +217,7 @@ def test_stochastic_minibatch_eg_makes_progress():
     tr = eg.run(Monitor(fed, f_star), max_iters=800, eval_every=100)
     assert tr.rows[-1]["subopt"] < 0.05 * tr.rows[0]["subopt"]
     # batch-sized messages: 100 rows each
-    assert fed.transport.payload(["logits"]) / 8 == 800 * 2 * 3 * 100
+    assert fed.net.stats.payload(["logits"]) / 8 == 800 * 2 * 3 * 100
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -240,9 +236,9 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_mlp_saddle_learns_digits():
-    from protocols.base import Role
-    from secvfl.algorithms.saddle_mlp import build_mlp_saddle
+    from secvfl.algorithms.saddle.mlp import build_mlp_saddle
     from secvfl.data import load_dataset, make_partition
+    from secvfl.transport.layers import Role
     from secvfl.transport.network import Network
 
     torch.manual_seed(0)

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from protocols.base import AlgorithmTraits, Role, check_stack
 from protocols.secagg import KEY_KIND, MASKED_KIND, SUM_KIND, FixedPoint, MaskedAggregation, PartyDroppedError
 from secvfl.errors import ProtocolError, UnsupportedError
 from secvfl.messages import Message
 from secvfl.transport import InProcessTransport, Network
+from secvfl.transport.layers import AlgorithmTraits, Role, check_stack
 
 LABEL = "label"
 

@@ -1,11 +1,11 @@
 import numpy as np
 import torch
 
-from protocols.base import Layer, Role
 from secvfl.config import TrainConfig
 from secvfl.messages import Message, encode, header_size
 from secvfl.runner import build_run
 from secvfl.transport import Network
+from secvfl.transport.layers import Layer, Role
 
 
 class Recorder(Layer):

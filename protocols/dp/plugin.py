@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from protocols.base import AlgorithmTraits, Layer, Role, Topology
 from protocols.dp.alibi import alibi_soft_labels
 from protocols.dp.choice import GRADIENT_ONLY_FLAGS, choose_mechanism
 from protocols.dp.collapse import chance_accuracy, utility_collapse
@@ -60,10 +59,11 @@ from protocols.dp.rr import randomized_response
 from protocols.dp.staged import TwoStageRR, stage2_epoch_for, stage_split
 from protocols.dp.statement import privacy_markdown, privacy_statement, privacy_summary
 from protocols.dp.targets import TargetBackward
-from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.io import write_json_atomic
 from secvfl.messages import Message
+from secvfl.plugins import ProtocolPlugin, ProtocolSetup
+from secvfl.transport.layers import AlgorithmTraits, Layer, Role, Topology
 
 if TYPE_CHECKING:
     from secvfl.algorithms.base import Algorithm, RunContext
@@ -740,5 +740,3 @@ def _attach_targets(
 
     algo.train_epoch = staged_train_epoch
 
-
-PROTOCOLS.add("dp", DPPlugin())

@@ -1,6 +1,7 @@
 """Training algorithms, found by name in :data:`ALGORITHMS`.
 
-Modules listed in ``_MODULES`` register themselves on import; a new algorithm adds one line there.
+Each family in :data:`FAMILIES` (a module, or a package under ``secvfl/algorithms/``) registers its algorithms with
+``@ALGORITHMS.register(name)`` when imported; a new family is one package and one line there.
 """
 
 from __future__ import annotations
@@ -10,19 +11,18 @@ import importlib
 from secvfl.algorithms.base import LABEL_PARTY, Algorithm, RunContext, batch_ids, feature_party_names
 from secvfl.registry import Registry
 
-__all__ = ["ALGORITHMS", "Algorithm", "RunContext", "batch_ids", "feature_party_names", "LABEL_PARTY", "get_algorithm"]
+__all__ = ["ALGORITHMS", "FAMILIES", "Algorithm", "RunContext", "batch_ids", "feature_party_names", "LABEL_PARTY",
+           "get_algorithm", "algorithm_names"]
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 
-# (registered name, module, class name): imported lazily so optional pieces do not slow down `secvfl --help`.
-_BUILTIN = [
-    ("splitnn", "secvfl.algorithms.split", "SplitNN"),
-    ("vafl", "secvfl.algorithms.split", "VAFL"),
-    ("fdml", "secvfl.algorithms.split", "FDML"),
-    ("local", "secvfl.algorithms.local", "Local"),
+# Imported lazily, at the first look-up, so optional pieces do not slow down `secvfl --help`.
+FAMILIES: list[str] = [
+    "secvfl.algorithms.split",  # splitnn, vafl, fdml
+    "secvfl.algorithms.local",  # local
+    "secvfl.algorithms.missing",  # laser and its baselines
+    "secvfl.algorithms.saddle",  # eg, gd, nesterov, admm, eg-mlp
 ]
-# Modules that register further algorithms with @ALGORITHMS.register(name) when imported.
-_MODULES: list[str] = ["secvfl.algorithms.laser", "secvfl.algorithms.missing_baselines", "secvfl.algorithms.saddle_train"]
 _loaded = False
 
 
@@ -31,10 +31,8 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    for name, module, cls in _BUILTIN:
-        ALGORITHMS.add(name, getattr(importlib.import_module(module), cls))
-    for module in _MODULES:
-        importlib.import_module(module)
+    for family in FAMILIES:
+        importlib.import_module(family)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

@@ -10,9 +10,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from protocols.base import AlgorithmTraits, Role
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, Partition
+from secvfl.transport.layers import AlgorithmTraits, Role
 from secvfl.transport.network import Network
 
 __all__ = ["Algorithm", "RunContext", "batch_ids", "BatchSchedule", "ProgressFn", "LABEL_PARTY", "feature_party_names"]

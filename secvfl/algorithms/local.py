@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from protocols.base import AlgorithmTraits
+from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import (
     LABEL_PARTY,
     Algorithm,
@@ -26,6 +26,7 @@ from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
 from secvfl.models import MLP, make_bottom, output_dim
 from secvfl.parties import make_optimizer, probabilities, require_wire, task_loss
+from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
 __all__ = ["Local", "LocalParty"]
@@ -78,6 +79,7 @@ class LocalParty:
         self._y = dict(state["labels"])
 
 
+@ALGORITHMS.register("local")
 class Local(Algorithm):
     name = "local"
     traits = AlgorithmTraits("local", "none", forward_kinds=(), backward_kinds=(), shares_labels=True)

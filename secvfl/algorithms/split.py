@@ -19,7 +19,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from protocols.base import AlgorithmTraits
+from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import (
     LABEL_PARTY,
     Algorithm,
@@ -32,13 +32,15 @@ from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
 from secvfl.models import ConcatHead, MeanHead, SumHead, make_bottom, output_dim
 from secvfl.parties import FeatureParty, LabelParty, make_optimizer
+from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
 __all__ = ["SplitNN", "VAFL", "FDML"]
 
 
 class _SplitBase(Algorithm):
-    aggregation: ClassVar[str]  # "concat" | "mean" | "sum"
+    """What the three share; ``traits.aggregation`` ("concat" | "mean" | "sum") says how the label party combines."""
+
     output_kind: ClassVar[str] = "embedding"
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
@@ -85,7 +87,7 @@ class _SplitBase(Algorithm):
     # -- which rows take part -------------------------------------------------------------------------------
     def train_rows(self) -> np.ndarray:
         mask = self.ctx.masks["train"]
-        if self.aggregation == "concat":
+        if self.traits.aggregation == "concat":
             return np.flatnonzero(mask.all(axis=1))  # Standard VFL: fully observed rows only
         return np.flatnonzero(mask.any(axis=1))
 
@@ -94,7 +96,7 @@ class _SplitBase(Algorithm):
 
     def _scale(self, split: str, ids: np.ndarray, present: list[str] | None = None) -> torch.Tensor | None:
         """1 / (observed parties per row) for a mean; ``present`` (default: every party) are those in the sum."""
-        if self.aggregation != "mean":
+        if self.traits.aggregation != "mean":
             return None
         columns = [self.names.index(n) for n in (self.names if present is None else present)]
         counts = self.ctx.masks[split][ids][:, columns].sum(axis=1).clip(min=1)
@@ -104,7 +106,7 @@ class _SplitBase(Algorithm):
         """The parties whose outputs the label party received: a secure aggregation that retried a round without a
         dropped party names it in the aggregate's ``meta["dropped"]`` (the sum, the mean's count and the gradients
         then cover the parties that delivered)."""
-        if self.aggregation == "concat":
+        if self.traits.aggregation == "concat":
             return list(self.names)
         dropped = set(received[0].meta.get("dropped", ()))
         return [n for n in self.names if n not in dropped]
@@ -113,7 +115,7 @@ class _SplitBase(Algorithm):
         return [fp.forward(self.step, split, ids, LABEL_PARTY, train=train) for fp in self.feature_parties]
 
     def _deliver(self, msgs: list[Message]) -> list[Message]:
-        if self.aggregation == "concat":
+        if self.traits.aggregation == "concat":
             for m in msgs:
                 self.net.send(m)
             return [self.net.receive(LABEL_PARTY, kind=self.output_kind, sender=n) for n in self.names]
@@ -133,7 +135,7 @@ class _SplitBase(Algorithm):
             received = self._deliver(self._forward_all("train", ids, train=True))
             present = self._present(received)
             loss, grads = self.label_party.train_step(
-                self.step, ids, received, present, aggregated=self.aggregation != "concat",
+                self.step, ids, received, present, aggregated=self.traits.aggregation != "concat",
                 input_scale=self._scale("train", ids, present),
             )
             self.net.send(*grads)
@@ -153,12 +155,12 @@ class _SplitBase(Algorithm):
             ids = np.arange(start, min(n, start + self.cfg.eval_batch_size))
             received = self._deliver(self._forward_all(split, ids, train=False))
             p = self.label_party.predict(
-                received, aggregated=self.aggregation != "concat",
+                received, aggregated=self.traits.aggregation != "concat",
                 input_scale=self._scale(split, ids, self._present(received)),
             )
             out.append(p.cpu().numpy())
         proba = np.concatenate(out) if out else np.zeros((0, max(2, self.ctx.data.n_classes)))
-        if self.aggregation == "concat":
+        if self.traits.aggregation == "concat":
             # Standard VFL cannot predict a row with a missing block: it guesses uniformly at random.
             incomplete = ~self.ctx.masks[split].all(axis=1)
             if incomplete.any():
@@ -174,33 +176,33 @@ class _SplitBase(Algorithm):
         return classification_metrics(self.label_party.labels(split).cpu().numpy(), self.predict_proba(split))
 
 
+@ALGORITHMS.register("splitnn")
 class SplitNN(_SplitBase):
     """Standard VFL / split neural network: the label party concatenates the embeddings."""
 
     name = "splitnn"
-    aggregation = "concat"
     traits = AlgorithmTraits("splitnn", "concat")
 
     def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
         return ConcatHead([out_dim] * len(self.feature_parties), list(self.cfg.head_hidden), n_out)
 
 
+@ALGORITHMS.register("vafl")
 class VAFL(_SplitBase):
     """VAFL-style: the label party's head sees the mean of the observed parties' embeddings."""
 
     name = "vafl"
-    aggregation = "mean"
     traits = AlgorithmTraits("vafl", "mean")
 
     def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
         return MeanHead(out_dim, list(self.cfg.head_hidden), n_out)
 
 
+@ALGORITHMS.register("fdml")
 class FDML(_SplitBase):
     """FDML-style: each bottom model outputs logits; the prediction is their sum (plus a bias at the label party)."""
 
     name = "fdml"
-    aggregation = "sum"
     output_kind = "logits"
     traits = AlgorithmTraits("fdml", "sum", forward_kinds=("logits",))
 

@@ -34,12 +34,12 @@ import numpy as np
 import tenseal as ts
 import torch
 
-from protocols.base import Aggregation, PlainAggregation, Role
 from protocols.ckks import CIPHERTEXT_KIND, CKKSAggregation, CKKSParams, pack
 from secvfl.bench.common import fix_threads, machine, peak_rss_mb
 from secvfl.cli.registries import BENCHES
 from secvfl.errors import ConfigError
 from secvfl.messages import Message, decode, encode
+from secvfl.transport.layers import Aggregation, PlainAggregation, Role
 from secvfl.transport.network import Network
 
 __all__ = ["CryptoBench", "ckks_components", "end_to_end", "masking_aggregation", "mnist_epoch_hook"]

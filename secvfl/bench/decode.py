@@ -81,9 +81,9 @@ def _recording(into: list[bytes]) -> Iterator[None]:
 
 def _masked_sum_traffic() -> None:
     """Masking through a separate aggregator: the only route on which ``masked-sum`` messages travel."""
-    from protocols.base import Role
     from protocols.secagg import MaskedAggregation
     from secvfl.transport import Network
+    from secvfl.transport.layers import Role
 
     net = Network({"label": Role.LABEL, "f0": Role.FEATURE, "f1": Role.FEATURE, "agg": Role.AGGREGATOR},
                   aggregation=MaskedAggregation())
@@ -95,9 +95,9 @@ def _masked_sum_traffic() -> None:
 
 
 def _psi_traffic() -> None:
-    from protocols.base import Role
     from protocols.psi import align
     from secvfl.transport import Network
+    from secvfl.transport.layers import Role
 
     ids = {"label": [f"id{i}" for i in range(40)], "p0": [f"id{i}" for i in range(10, 50)]}
     align(ids, "label", net=Network({"label": Role.LABEL, "p0": Role.FEATURE}))

@@ -24,11 +24,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from protocols.base import Role
 from protocols.psi import align
 from secvfl.cli.paths import check_output_file, write_output_text
 from secvfl.data.files import READ_ERRORS, check_readable_file, describe_read_error
 from secvfl.errors import ConfigError, DataError
+from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
 __all__ = ["register", "run", "read_ids"]

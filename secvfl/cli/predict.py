@@ -79,8 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from secvfl.algorithms import get_algorithm
-    from secvfl.algorithms.missing_base import MissingAlgorithm
-    from secvfl.algorithms.missing_eval import evaluate_predictions
+    from secvfl.algorithms.missing.base import MissingAlgorithm
+    from secvfl.algorithms.missing.eval import evaluate_predictions
     from secvfl.config import TrainConfig
     from secvfl.data import load_dataset
     from secvfl.runner import _load_checkpoint, build_run, load_config_file

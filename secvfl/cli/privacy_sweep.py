@@ -22,6 +22,8 @@ from secvfl.io import save_figure_atomic
 __all__ = ["register", "run", "sweep", "plot_sweep", "sweep_table"]
 
 LABEL_MECHANISMS = ["gradient", "rr", "rr-prior", "alibi"]
+# argparse dests of the sweep itself (--out is not a train option either); everything else is a train flag.
+_OWN = {"epsilons", "seeds", "mechanisms", "keep_runs"}
 CURVE_NAMES = {"gradient": "gradient mechanism", "rr": "randomized response", "rr-prior": "RR with prior (LP-2ST)",
                "alibi": "ALIBI"}
 
@@ -81,7 +83,7 @@ def sweep(args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
     from secvfl.cli.train import config_from_args
     from secvfl.runner import run_training
 
-    base = config_from_args(args)
+    base = config_from_args(argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in _OWN}))
     features = base.option("dp_protect") == "features"
     if args.mechanisms:
         mechanisms = list(args.mechanisms)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from protocols.plugins import load_plugins
 from secvfl.cli.config_file import typed_defaults
 from secvfl.cli.helptext import show_defaults
 from secvfl.config import BOTTOMS, DTYPES, TrainConfig
 from secvfl.data.partition import IMAGE_SPLITS
 from secvfl.data.preprocess import NAN_POLICIES
 from secvfl.errors import ConfigError
+from secvfl.plugins import load_plugins, unavailable_plugins
 
 __all__ = ["register", "run", "add_train_arguments", "config_from_args"]
 
@@ -86,6 +86,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch intra-op threads (1 is fastest for small models on a shared machine)")
     for plugin in load_plugins():
         plugin.add_arguments(p.add_argument_group(plugin.name))
+    missing = unavailable_plugins()
+    if missing:  # their flags are unknown here; say why rather than leave "unrecognized arguments" unexplained
+        p.epilog = "protocol plugins that could not be loaded: " + "; ".join(
+            f"{name} ({why})" for name, why in missing.items())
     show_defaults(p)
 
 

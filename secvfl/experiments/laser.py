@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from secvfl.algorithms.base import RunContext
-from secvfl.algorithms.laser import LaserVFL
-from secvfl.algorithms.missing_base import MissingAlgorithm
-from secvfl.algorithms.missing_baselines import Combinatorial, Ensemble, PlugVFL, StandardVFL
+from secvfl.algorithms.missing.base import MissingAlgorithm
+from secvfl.algorithms.missing.baselines import Combinatorial, Ensemble, PlugVFL, StandardVFL
+from secvfl.algorithms.missing.laser import LaserVFL
 from secvfl.cli.registries import REPRODUCTIONS
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, block_miss_probabilities, draw_masks, load_dataset, make_partition

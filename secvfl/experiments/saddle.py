@@ -30,17 +30,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from protocols.compression import CompressionLayer
-from secvfl.algorithms.saddle import (
-    LinearAlgorithm,
-    LinearFederation,
-    Monitor,
-    Trace,
-    build_federation,
-    power_lambda_max,
-    tune_multiplier,
-)
-from secvfl.algorithms.saddle_baselines import centralised_optimum
-from secvfl.algorithms.saddle_methods import build_method
+from secvfl.algorithms.saddle.base import LinearAlgorithm
+from secvfl.algorithms.saddle.baselines import centralised_optimum
+from secvfl.algorithms.saddle.federation import LinearFederation, build_federation, power_lambda_max
+from secvfl.algorithms.saddle.methods import build_method, tune_multiplier
+from secvfl.algorithms.saddle.monitor import Monitor, Trace
 from secvfl.cli.registries import REPRODUCTIONS
 from secvfl.errors import ConfigError
 from secvfl.io import write_json_atomic, write_text_atomic
@@ -384,7 +378,7 @@ def run_experiment(
     central = {"f_star": f_star, "test_accuracy": acc_star, **cinfo, "wall_s": time.perf_counter() - c0}
     log(f"  centralised: f* = {f_star:.12g}, test accuracy {100 * acc_star:.2f}%, |grad| {cinfo['grad_norm']:.1e}")
     lam_max = power_lambda_max(fed)
-    setup_floats = fed.transport.payload() / 8.0
+    setup_floats = fed.stats.payload() / 8.0
     traces = [run_method(m, problem, setting, lam_max, f_star, max_iters=max_iters, log=log) for m in methods]
     summary = summarise(traces, acc_star)
     comparisons, facts = _comparisons(summary, acc_star)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Transport", "CommStats"]
@@ -14,7 +15,9 @@ class CommStats:
     """Exact communication counters, keyed by party and message kind.
 
     Bytes are the sizes of the encoded messages that crossed the transport (what a network would carry, before
-    any TLS framing).
+    any TLS framing). ``payload_by_kind`` counts only their tensor and blob payloads (the network adds them: a
+    transport sees bytes, not messages); the saddle-point experiments report it as "floats transmitted". It is
+    checkpointed with the other counters but not part of :meth:`to_dict`.
     """
 
     bytes_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -23,6 +26,7 @@ class CommStats:
     bytes_by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     messages_by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     bytes_by_link: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    payload_by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def count(self, sender: str, receiver: str, kind: str, nbytes: int) -> None:
         self.bytes_sent[sender] += nbytes
@@ -31,6 +35,13 @@ class CommStats:
         self.bytes_by_kind[kind] += nbytes
         self.messages_by_kind[kind] += 1
         self.bytes_by_link[f"{sender}->{receiver}"] += nbytes
+
+    def count_payload(self, kind: str, nbytes: int) -> None:
+        self.payload_by_kind[kind] += nbytes
+
+    def payload(self, kinds: Sequence[str] | None = None) -> int:
+        """Payload bytes of the messages of ``kinds`` (all kinds when None)."""
+        return sum(v for k, v in self.payload_by_kind.items() if kinds is None or k in kinds)
 
     @property
     def bytes_total(self) -> int:

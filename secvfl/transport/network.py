@@ -10,11 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from protocols.base import Aggregation, AlgorithmTraits, Layer, PlainAggregation, Role, Topology, check_stack
 from secvfl.errors import MessageError
-from secvfl.messages import Message, decode, encode, mark_delivered
+from secvfl.messages import Message, decode, encode, mark_delivered, payload_size
 from secvfl.transport.base import CommStats, Transport
 from secvfl.transport.inprocess import InProcessTransport
+from secvfl.transport.layers import (
+    Aggregation,
+    AlgorithmTraits,
+    Layer,
+    PlainAggregation,
+    Role,
+    Topology,
+    check_stack,
+)
 
 __all__ = ["Network", "Role", "View"]
 
@@ -82,6 +90,7 @@ class Network:
         for m in out:
             self._known(m.receiver)
             self.transport.put(m.sender, m.receiver, m.kind, encode(m))
+            self.stats.count_payload(m.kind, payload_size(m))
 
     def receive(self, receiver: str, *, kind: str | None = None, sender: str | None = None) -> Message:
         """Take the oldest matching message for ``receiver`` and pass it through the receiver's inbound layers."""

@@ -3,7 +3,7 @@ Inference"): one representation model and one fusion head per party, shared by a
 task sampling, so that any set of observed parties can predict.
 
 Party ``k`` holds its feature block, ``f_k``, ``g_k`` and the labels. Its predictor for an observed set ``J``
-containing ``k`` is ``h_(k,J)(x_J) = g_k(mean_{i in J} f_i(x_i))`` (see :mod:`secvfl.algorithms.subsets` for the
+containing ``k`` is ``h_(k,J)(x_J) = g_k(mean_{i in J} f_i(x_i))`` (see :mod:`secvfl.algorithms.missing.subsets` for the
 objective and why the task-sampling weights make it unbiased).
 
 One training step on a batch whose samples share the observed set ``K_o`` (``n = |K_o|``)::
@@ -33,17 +33,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from protocols.base import AlgorithmTraits
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import RunContext
-from secvfl.algorithms.missing_base import (
+from secvfl.algorithms.missing.base import (
     SPLITS,
     FlatOptimizer,
     MissingAlgorithm,
     fusion_head,
     representation_model,
 )
-from secvfl.algorithms.subsets import (
+from secvfl.algorithms.missing.subsets import (
     Subset,
     TaskTable,
     averaging_matrix,
@@ -56,6 +55,7 @@ from secvfl.errors import ConfigError, PartyIsolationError
 from secvfl.messages import Message
 from secvfl.models import MLP
 from secvfl.parties import PlainRelease, ReleaseRule, probabilities, require_wire
+from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
 __all__ = ["LaserParty", "LaserVFL"]

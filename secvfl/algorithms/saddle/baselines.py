@@ -27,7 +27,9 @@ import scipy.optimize as so
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from secvfl.algorithms.saddle import LinearAlgorithm, LinearFederation, Loss, make_loss
+from secvfl.algorithms.saddle.base import LinearAlgorithm
+from secvfl.algorithms.saddle.federation import LinearFederation
+from secvfl.algorithms.saddle.losses import Loss, make_loss
 from secvfl.errors import ConfigError
 
 __all__ = ["GradientDescent", "Nesterov", "ADMM", "centralised_optimum", "smoothness"]

@@ -31,7 +31,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from secvfl.algorithms.saddle import BACKWARD_KIND, FORWARD_KIND, LABEL, Loss, make_loss
+from secvfl.algorithms.saddle.federation import BACKWARD_KIND, FORWARD_KIND, LABEL
+from secvfl.algorithms.saddle.losses import Loss, make_loss
 from secvfl.errors import ConfigError
 from secvfl.messages import Message
 from secvfl.parties import make_optimizer

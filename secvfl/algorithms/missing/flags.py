@@ -1,16 +1,17 @@
 """`secvfl train` flags of the missing-feature-block algorithms (laser, ensemble, combinatorial, plugvfl, ...).
 
-They join the command line through the protocol-plugin mechanism (the one extension point for train flags) but
-add no protocol layer: ``configure`` only validates them. Values land in ``TrainConfig.options``.
+They join the command line through the protocol-plugin mechanism (an entry point of group ``secvfl.protocols``: the
+one extension point for train flags) but add no protocol layer: ``configure`` only validates them. Values land in
+``TrainConfig.options``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from protocols.base import AlgorithmTraits
-from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
 from secvfl.errors import ConfigError, UnsupportedError
+from secvfl.plugins import ProtocolPlugin, ProtocolSetup
+from secvfl.transport.layers import AlgorithmTraits
 
 __all__ = ["MissingFeatureFlags", "MISSING_ALGOS"]
 
@@ -35,5 +36,3 @@ class MissingFeatureFlags(ProtocolPlugin):
             raise UnsupportedError(f"--class-balanced applies to {', '.join(MISSING_ALGOS)}, not {traits.name}")
         return None
 
-
-PROTOCOLS.add("missing-features", MissingFeatureFlags())

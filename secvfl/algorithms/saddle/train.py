@@ -1,17 +1,18 @@
 """``secvfl train --algo eg|gd|nesterov|admm|eg-mlp``: the saddle-point family behind the common trainer interface.
 
 The linear methods run the optimiser of ``secvfl reproduce saddle``, built by the same function
-(:func:`secvfl.algorithms.saddle_methods.build_method`: same step sizes, same ``mu``), on parties built by the same
-:func:`secvfl.algorithms.saddle.build_federation`. The model is linear (logistic for 2 classes, softmax otherwise, or
-``--saddle-loss squared``) on the run's standardised features plus an intercept (a column of ones held by the first
-feature party: centred features have no other way to express the class prior), full batch by default; one "epoch"
-is ``--saddle-iters`` iterations (default 100). The logged training loss is the label party's mean loss
+(:func:`secvfl.algorithms.saddle.methods.build_method`: same step sizes, same ``mu``), on parties built by the same
+:func:`secvfl.algorithms.saddle.federation.build_federation`. The model is linear (logistic for 2 classes, softmax
+otherwise, or ``--saddle-loss squared``) on the run's standardised features plus an intercept (a column of ones
+held by the first feature party: centred features have no other way to express the class prior), full batch by
+default; one "epoch" is ``--saddle-iters`` iterations (default 100). The logged training loss is the label party's mean loss
 ``l(sum_k A_k x_k)`` at the points it received during the epoch (the regulariser not included). ``eg-mlp``
-(:mod:`secvfl.algorithms.saddle_mlp`) trains MLP bottom models (``--hidden``) with stochastic EG, one epoch = one
+(:mod:`secvfl.algorithms.saddle.mlp`) trains MLP bottom models (``--hidden``) with stochastic EG, one epoch = one
 pass of ``--batch-size`` batches; ``--optimizer``/``--lr`` step the model parameters as for every neural algorithm
 (default adam, 1e-3: ExtraAdam; ``--optimizer sgd --lr 0.05`` is plain EG).
 
-Flags (they join through the protocol-plugin mechanism, like the missing-feature flags, and add no layer):
+Flags (:mod:`secvfl.algorithms.saddle.flags`; they join through the protocol-plugin mechanism, like the
+missing-feature flags, and add no layer):
 ``--saddle-mu`` (L2 regularisation, default 1e-3, or ``--weight-decay`` when given), ``--saddle-step
 scaled|theory``, ``--saddle-step-mult``, ``--saddle-participation P``, ``--saddle-batch B`` (0: full batch),
 ``--saddle-iters``, ``--saddle-loss``, ``--admm-rho`` (in units of 1/N).
@@ -33,34 +34,29 @@ repeated on resume): the power iteration for ``lambda_max``, at most 100 rounds 
 
 from __future__ import annotations
 
-import argparse
-import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from protocols.base import AlgorithmTraits
-from protocols.plugins import PROTOCOLS, ProtocolPlugin, ProtocolSetup
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import Algorithm, ProgressFn, RunContext
-from secvfl.algorithms.saddle import (
+from secvfl.algorithms.saddle.base import LinearAlgorithm
+from secvfl.algorithms.saddle.federation import (
     BACKWARD_KIND,
     FORWARD_KIND,
     LABEL,
-    LinearAlgorithm,
     build_federation,
     power_lambda_max,
 )
-from secvfl.algorithms.saddle_methods import LINEAR_METHODS, build_method
-from secvfl.errors import ConfigError, UnsupportedError
+from secvfl.algorithms.saddle.methods import build_method
+from secvfl.errors import UnsupportedError
 from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
+from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
-__all__ = ["LinearSaddleTrainer", "SaddleMLPTrainer", "SaddleFlags", "SADDLE_ALGOS"]
-
-SADDLE_ALGOS = (*LINEAR_METHODS, "eg-mlp")
+__all__ = ["LinearSaddleTrainer", "EGTrainer", "GDTrainer", "NesterovTrainer", "ADMMTrainer", "SaddleMLPTrainer"]
 
 
 def _traits(name: str) -> AlgorithmTraits:
@@ -87,6 +83,7 @@ class LinearSaddleTrainer(Algorithm):
     name: ClassVar[str] = "eg"
     traits: ClassVar[AlgorithmTraits] = _traits("eg")
     persistent_messages: ClassVar[bool] = True  # full-batch messages carry the same quantity every round
+    uses_lambda_max: ClassVar[bool] = True  # its step sizes need lambda_max(A^T A) (ADMM's penalty does not)
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
@@ -109,7 +106,7 @@ class LinearSaddleTrainer(Algorithm):
         the optimiser after restoring the parties, neither repeats nor recounts that traffic."""
         if self._method is None:
             cfg, lab = self.cfg, self.fed.label
-            if self.name != "admm" and "lambda_max" not in lab.vars:
+            if self.uses_lambda_max and "lambda_max" not in lab.vars:
                 lab.vars["lambda_max"] = np.array(power_lambda_max(self.fed, seed=cfg.seed))
             self._method = build_method(
                 self.fed, self.name, lam_max=float(lab.vars["lambda_max"]) if "lambda_max" in lab.vars else None,
@@ -117,14 +114,8 @@ class LinearSaddleTrainer(Algorithm):
                 participation=float(cfg.option("saddle_participation") or 1.0),
                 batch_size=int(cfg.option("saddle_batch") or 0) or None,
                 admm_rho=float(cfg.option("admm_rho") or 1.0), seed=cfg.seed)
-            self._set_counters(self._method, self._counters)
+            self._method.set_counters(self._counters)
         return self._method
-
-    @staticmethod
-    def _set_counters(method: LinearAlgorithm, counters: dict[str, int]) -> None:
-        method.t, method.round = int(counters["t"]), int(counters["round"])
-        if hasattr(method, "_avg_count"):
-            method._avg_count = int(counters["avg_count"])
 
     def batches_per_epoch(self) -> int:
         return self.iters
@@ -156,16 +147,15 @@ class LinearSaddleTrainer(Algorithm):
         return {**{p.name: p for p in self.fed.features}, LABEL: self.fed.label}
 
     def state_dict(self) -> dict:
-        m = self._method
-        counters = self._counters if m is None else {"t": m.t, "round": m.round,
-                                                     "avg_count": getattr(m, "_avg_count", 0)}
+        counters = self._counters if self._method is None else {"avg_count": 0, **self._method.counters()}
+        counters = {k: counters[k] for k in ("t", "round", "avg_count")}
         return {**super().state_dict(), **counters}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._counters = {k: int(state.get(k, 0)) for k in ("t", "round", "avg_count")}
         if self._method is not None:
-            self._set_counters(self._method, self._counters)
+            self._method.set_counters(self._counters)
 
 
 @ALGORITHMS.register("eg")
@@ -198,6 +188,7 @@ class ADMMTrainer(LinearSaddleTrainer):
 
     name = "admm"
     traits = _traits("admm")
+    uses_lambda_max = False
 
 
 @ALGORITHMS.register("eg-mlp")
@@ -208,7 +199,7 @@ class SaddleMLPTrainer(Algorithm):
     traits = _traits("eg-mlp")
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
-        from secvfl.algorithms.saddle_mlp import build_mlp_saddle
+        from secvfl.algorithms.saddle.mlp import build_mlp_saddle
 
         super().__init__(ctx, net)
         _require_complete(ctx, self.name)
@@ -248,56 +239,3 @@ class SaddleMLPTrainer(Algorithm):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.algo.step = int(state.get("message_step", self.step))
-
-
-class SaddleFlags(ProtocolPlugin):
-    """``secvfl train`` flags of the saddle-point family; validated here, read by the trainers."""
-
-    name = "saddle"
-
-    def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
-        parser.add_argument("--saddle-mu", type=float, default=None,
-                            help="eg/gd/nesterov/admm: L2 regularisation mu (default --weight-decay if set, else 1e-3)")
-        parser.add_argument("--saddle-step", choices=("scaled", "theory"), default=None,
-                            help="eg: block step sizes (scaled, default) or the single theory step "
-                                 "1/2 min{1, 1/sqrt(lambda_max), 1/L_r, 1/L_l}")
-        parser.add_argument("--saddle-step-mult", type=float, default=None,
-                            help="eg/gd/nesterov: multiply the step sizes (tuning; default 1)")
-        parser.add_argument("--saddle-participation", type=float, default=None,
-                            help="eg: probability that a feature party takes part in an iteration (default 1)")
-        parser.add_argument("--saddle-batch", type=int, default=None,
-                            help="eg: rows per iteration for stochastic mini-batch EG (default: full batch)")
-        parser.add_argument("--saddle-iters", type=int, default=None,
-                            help="eg/gd/nesterov/admm: iterations per epoch (default 100; these linear methods use "
-                                 "the saddle flags, not --lr/--optimizer/--batch-size)")
-        parser.add_argument("--saddle-loss", choices=("auto", "logistic", "softmax", "squared"), default=None,
-                            help="saddle family: loss (default auto: logistic for 2 classes, softmax otherwise); "
-                                 "the linear model has an intercept")
-        parser.add_argument("--admm-rho", type=float, default=None, help="admm: penalty rho in units of 1/N (default 1)")
-
-    def configure(self, cfg: Any, traits: AlgorithmTraits, ctx: Any) -> ProtocolSetup | None:
-        given = [f for f in ("saddle_mu", "saddle_step", "saddle_step_mult", "saddle_participation", "saddle_batch",
-                             "saddle_iters", "saddle_loss", "admm_rho") if cfg.option(f) is not None]
-        if given and traits.name not in SADDLE_ALGOS:
-            flags = ", ".join("--" + g.replace("_", "-") for g in given)
-            raise UnsupportedError(f"{flags}: only for --algo {'/'.join(SADDLE_ALGOS)}, not {traits.name}")
-        checks = {"saddle_mu": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
-                  "saddle_step_mult": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-                  "saddle_participation": (lambda v: 0 < v <= 1, "in (0, 1]"),
-                  "saddle_batch": (lambda v: v >= 0, "an integer >= 0 (0: full batch)"),
-                  "saddle_iters": (lambda v: v >= 1, "an integer >= 1"),
-                  "admm_rho": (lambda v: 0 < v < math.inf, "a finite number > 0")}
-        for key, (ok, what) in checks.items():
-            v = cfg.option(key)
-            if v is not None and not ok(v):
-                raise ConfigError(f"--{key.replace('_', '-')} must be {what}, got {v}")
-        if cfg.option("admm_rho") is not None and traits.name != "admm":
-            raise UnsupportedError("--admm-rho applies to --algo admm only")
-        eg_only = [f for f in ("saddle_step", "saddle_participation", "saddle_batch") if cfg.option(f) is not None]
-        if eg_only and traits.name != "eg":
-            raise UnsupportedError(f"--{eg_only[0].replace('_', '-')} applies to --algo eg only")
-        return None
-
-
-if "saddle" not in PROTOCOLS:
-    PROTOCOLS.add("saddle", SaddleFlags())

@@ -21,7 +21,7 @@ message back; a party's own predictors (holder = itself) exchange nothing.
   ``--p-drop`` per batch (a shared-seed draw, so a dropped party skips its computation). Batches without the
   active party are skipped; test rows without it get a random label (nobody holds the head).
 
-Threat model: as in :mod:`secvfl.algorithms.laser`: a holder sees its members' representations and the members
+Threat model: as in :mod:`secvfl.algorithms.missing.laser`: a holder sees its members' representations and the members
 see the gradients w.r.t. their own; Ensemble parties see each other's predicted labels at inference.
 """
 
@@ -35,23 +35,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from protocols.base import AlgorithmTraits
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import RunContext
-from secvfl.algorithms.missing_base import (
+from secvfl.algorithms.missing.base import (
     SPLITS,
     FlatOptimizer,
     MissingAlgorithm,
     fusion_head,
     representation_model,
 )
-from secvfl.algorithms.missing_eval import majority_vote, random_predictions
-from secvfl.algorithms.subsets import Subset, nonempty_subsets
+from secvfl.algorithms.missing.eval import majority_vote, random_predictions
+from secvfl.algorithms.missing.subsets import Subset, nonempty_subsets
 from secvfl.data.pattern_sampler import PatternBatch
 from secvfl.errors import ConfigError, PartyIsolationError, UnsupportedError
 from secvfl.messages import Message
 from secvfl.models import MLP
 from secvfl.parties import require_wire, task_loss
+from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
 __all__ = [
