@@ -112,8 +112,8 @@ class GRNConfig:
     # but G no longer has to rely on correlations between x_adv and x_target -- it can invert per row.
     condition_on_scores: bool = False
     # Luo et al. regularise G; here: weight of the generated features' variance over the batch (in [0, 1] units),
-    # which pulls G towards the least spread reconstruction that still explains the scores. On credit (4 parties,
-    # target party0) 0.1 lowered the MSE from 0.153 to 0.102 (random guess 0.194); larger weights gave little more.
+    # which pulls G towards the least spread reconstruction that still explains the scores. On credit a weight of 0.1
+    # lowered the MSE clearly and larger ones little more (BENCHMARKS.md, "Attacks and defences").
     variance_penalty: float = 0.1
     seed: int = 0
 

@@ -97,13 +97,10 @@ def defence_options(spec: str) -> dict[str, Any]:
 
 
 def _plugin_defaults() -> dict[str, dict[str, Any]]:
-    """Protocol plugin name -> {option dest: default}."""
+    """Protocol plugin name -> {option dest: default} (the algorithm families' options are no defences)."""
     from secvfl.plugins import option_defaults
 
     return option_defaults()
-
-
-_NOT_DEFENCES = {"missing-features"}  # plugins that change the algorithm, not what crosses the boundaries
 
 
 def check_defence_available(options: dict[str, Any], spec: str) -> None:
@@ -117,11 +114,10 @@ def check_defence_available(options: dict[str, Any], spec: str) -> None:
 def undefended(cfg: TrainConfig) -> TrainConfig:
     """The same run with every protocol (defence) option at its default: the MP* reference."""
     options = dict(cfg.options)
-    for name, defaults in _plugin_defaults().items():
-        if name not in _NOT_DEFENCES:
-            for dest, default in defaults.items():
-                if dest in options:
-                    options[dest] = default
+    for defaults in _plugin_defaults().values():
+        for dest, default in defaults.items():
+            if dest in options:
+                options[dest] = default
     return replace(cfg, options=options)
 
 

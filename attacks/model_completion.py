@@ -11,10 +11,9 @@ trains the completed model on those few labels plus its unlabelled rows, semi-su
 - ``mixmatch`` (Berthelot et al. 2019, as in Fu et al.; image parties only): guessed, sharpened labels for shifted
   views of unlabelled rows, MixUp across labelled and unlabelled rows.
 
-On MNIST quadrants (4 parties, attacker = top-left quadrant, 40 known labels, 3 training epochs) label spreading
-reached 0.546-0.552 top-1 on the unknown training rows, MixMatch 0.524-0.534 (20-100 epochs, lambda_u 1-30),
-supervised-only on the same bottom 0.515, a fresh model 0.466 -- hence the default. Nothing of any other party is
-used. The active variant is the same attack on a bottom model trained with :class:`~attacks.malicious_optimizer.
+Label spreading is the default because it completed more of the unknown training rows correctly than MixMatch
+(however tuned) and than both supervised-only baselines (MNIST quadrants: BENCHMARKS.md, "Attacks and defences").
+Nothing of any other party is used. The active variant is the same attack on a bottom model trained with :class:`~attacks.malicious_optimizer.
 MaliciousOptimizer`.
 
 The attack is measured against two baselines on the same N labels: the completed model trained supervised-only

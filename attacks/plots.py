@@ -1,8 +1,7 @@
-"""Plots of attack results (PNG, matplotlib's non-interactive backend)."""
+"""Plots of attack results (PNG, drawn through :mod:`secvfl.plotting`)."""
 
 from __future__ import annotations
 
-import io
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,18 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from secvfl.io import write_bytes_atomic
+from secvfl.plotting import new_figure, save_figure_atomic
 
 __all__ = ["plot_label_scores", "plot_completion", "plot_reconstruction", "plot_grid"]
-
-
-def _pyplot():  # noqa: ANN202
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 _TITLE_PT = 11
@@ -42,16 +32,6 @@ def _title(fig, text: str, ax=None) -> None:  # noqa: ANN001 - matplotlib figure
         ax.set_title(_wrapped(text, width), fontsize=_TITLE_PT)
 
 
-def _save(plt, fig, path: Path) -> Path:  # noqa: ANN001 - pyplot module and figure
-    """Lay out, write at 120 dpi atomically and close (figures are not kept open between plots)."""
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    write_bytes_atomic(path, buf.getvalue())
-    return path
-
-
 def _mean_roc(scores: Sequence[np.ndarray], truth: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Vertical average of the per-batch ROC curves (its area is the mean per-batch AUC)."""
     from sklearn.metrics import roc_curve
@@ -68,8 +48,8 @@ def _mean_roc(scores: Sequence[np.ndarray], truth: Sequence[np.ndarray]) -> tupl
 def plot_label_scores(path: Path, scores: Sequence[np.ndarray], truth: Sequence[np.ndarray], aucs: Sequence[float],
                       title: str, ceiling: float | None = None) -> Path:
     """Left: mean of the per-batch ROC curves. Right: histogram of per-batch AUCs."""
-    plt = _pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 4))
+    fig = new_figure((9, 4))
+    a, b = fig.subplots(1, 2)
     fpr, tpr = _mean_roc(scores, truth)
     a.plot(fpr, tpr, label=f"attack (mean per-batch AUC {np.mean(aucs):.3f})")
     a.plot([0, 1], [0, 1], "k--", lw=0.8, label="chance")
@@ -85,13 +65,13 @@ def plot_label_scores(path: Path, scores: Sequence[np.ndarray], truth: Sequence[
     b.set_xlabel("per-batch AUC")
     b.set_ylabel("batches")
     _title(fig, title)
-    return _save(plt, fig, path)
+    return save_figure_atomic(fig, path)
 
 
 def plot_completion(path: Path, rows: Sequence[dict[str, Any]], title: str) -> Path:
     """Top-1 accuracy against the number of known labels: attack vs supervised-only baselines (train and test)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = new_figure((6, 4))
+    ax = fig.subplots()
     ns = [r["known_labels"] for r in rows]
     series = [
         ("attack (train rows)", "train_accuracy", "tab:red", "-"),
@@ -112,16 +92,16 @@ def plot_completion(path: Path, rows: Sequence[dict[str, Any]], title: str) -> P
     _title(fig, title, ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save_figure_atomic(fig, path)
 
 
 def plot_reconstruction(path: Path, details: dict[str, Any], title: str) -> Path:
     """Per-feature MSE of the reconstruction against the uniform-random and constant-0.5 baselines."""
-    plt = _pyplot()
     mse = np.asarray(details["mse_per_feature"])
     rand = np.asarray(details["random_guess_mse_per_feature"])
     x = np.arange(len(mse))
-    fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(mse) + 2), 4))
+    fig = new_figure((max(5, 0.5 * len(mse) + 2), 4))
+    ax = fig.subplots()
     ax.bar(x - 0.2, mse, width=0.4, label=f"attack (mean {details['mse']:.4f})", color="tab:red")
     ax.bar(x + 0.2, rand, width=0.4, label=f"uniform random guess (mean {details['random_guess_mse']:.4f})",
            color="tab:gray")
@@ -134,13 +114,13 @@ def plot_reconstruction(path: Path, details: dict[str, Any], title: str) -> Path
     ax.set_ylabel("MSE, features scaled to [0, 1]")
     _title(fig, title, ax)
     ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save_figure_atomic(fig, path)
 
 
 def plot_grid(path: Path, rows: Sequence[dict[str, Any]], attacks: Sequence[str], mp_name: str, title: str) -> Path:
     """AP against MP per defence and attack (means over seeds, bars: standard deviations)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig = new_figure((7, 5))
+    ax = fig.subplots()
     markers = "osD^v<>"
     for i, attack in enumerate(attacks):
         pts = [r for r in rows if r.get("ap", {}).get(attack) is not None]
@@ -158,4 +138,4 @@ def plot_grid(path: Path, rows: Sequence[dict[str, Any]], attacks: Sequence[str]
     _title(fig, title, ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save_figure_atomic(fig, path)

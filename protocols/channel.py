@@ -46,8 +46,8 @@ uses up that round: a forged or replayed one then makes the handshake fail, neve
 into a later process is answered, but nobody without I's identity key can sign the finish over R's fresh nonce and
 ephemeral key: the handshake never completes, so even the leaked ephemeral key of an old hello yields no session.
 Cost: 3 messages (1.5 round trips) per pair instead of Noise KK's 2; :meth:`SecureChannelLayer.establish` runs all
-pairs in 3 flights. About 915 bytes per pair and handshake with names like ``party0`` (the earlier two signed hellos
-of version 1 took 594), once at the start and once per later epoch. ``tests/test_channel.py`` pins a known-answer vector of the key schedule.
+pairs in 3 flights, once at the start and once per later epoch (bytes per pair: BENCHMARKS.md, "Secure channel
+handshake"). ``tests/test_channel.py`` pins a known-answer vector of the key schedule.
 
 Sealing: each message is encoded (the whole :class:`~secvfl.messages.Message`, tensors included) and encrypted as one
 AES-256-GCM blob with the sender->receiver key and a 96-bit nonce ``0^32 || counter`` (a per-direction counter, never

@@ -57,14 +57,14 @@ Parameters (:class:`CKKSParams`): N = 8192, coefficient primes [60, 40, 40, 60] 
 ciphertext holds N/2 = 4096 complex slots, so 8192 floats. Keys are generated for the whole modulus, but
 aggregation only adds, so ciphertexts are encrypted, sent, added and decrypted at the *wire level*: under the first ``wire_primes`` primes
 only (the 60-bit prime for the defaults; :mod:`protocols.ckks_cipher` explains why this is as secure and what it
-saves), with two floats per complex slot. Against TenSEAL's real-only vectors at the first data level that is 5x
-fewer bytes (4x the float32 bytes instead of 20x) and 3.3x less party time per step. Parameters are checked
-against the HomomorphicEncryption.org standard's 128-bit table (total coefficient-modulus bits per N) and for
-precision: a decrypted sum over ``K`` parties is within ``K * error_bound_per_party`` of the exact sum (a
-high-probability bound on encryption and modulus-switch noise, Kim et al.; measured errors are about 70x smaller
-for one party), before the cast to the input dtype. Values must stay below ``max_abs_sum / K`` per party so the
-sum cannot wrap around the wire modulus (2^18 for the defaults); larger (or non-finite) values are refused before
-anything is encrypted.
+saves), with two floats per complex slot: a ciphertext is 4x the float32 bytes it carries, and a step costs a party
+fewer bytes and less time than with TenSEAL's real-only vectors at the first data level (BENCHMARKS.md, "Secure
+computation"). Parameters are checked against the HomomorphicEncryption.org standard's 128-bit table (total
+coefficient-modulus bits per N) and for precision: a decrypted sum over ``K`` parties is within
+``K * error_bound_per_party`` of the exact sum (a high-probability bound on encryption and modulus-switch noise, Kim
+et al.; measured errors stay well below it: BENCHMARKS.md, "CKKS precision"), before the cast to the input dtype.
+Values must stay below ``max_abs_sum / K`` per party so the sum cannot wrap around the wire modulus (2^18 for the
+defaults); larger (or non-finite) values are refused before anything is encrypted.
 
 Encryption is randomised by design (SEAL draws from the OS), so decrypted sums are reproducible only up to the
 error bound, not bit for bit. SEAL's bindings hold the GIL while encrypting (measured: two threads are slower than one),
@@ -89,23 +89,22 @@ import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import tenseal as ts
 import torch
 
-from protocols.base import broadcast_refusal
+from protocols.base import FLOAT_DTYPES, SecureSumAggregation, refuse_unsummable
 from protocols.ckks_cipher import CiphertextError, CKKSCipher
 from protocols.ckks_worker import read_frame, write_frame
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import WIRE_DTYPES, Message, register_kind
+from secvfl.options import Options, option
 from secvfl.plugins import ProtocolPlugin, ProtocolSetup
-from secvfl.transport.layers import Aggregation, AlgorithmTraits, Role, Topology
+from secvfl.transport.layers import AlgorithmTraits, Role, Topology
 
 if TYPE_CHECKING:
-    import argparse
-
     from secvfl.algorithms.base import RunContext
     from secvfl.config import TrainConfig
     from secvfl.transport.network import Network
@@ -132,8 +131,6 @@ SUM_KIND = register_kind("ciphertext-sum")  # aggregator -> label party: the slo
 HE_STANDARD_MAX_BITS: dict[int, int] = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
 
 _SIGMA = 3.2  # SEAL's standard deviation of the error distribution
-_VALID_AGGREGATIONS = ("sum", "mean", "subset-mean")
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DTYPE_NAMES = {v: k for k, v in WIRE_DTYPES.items()}
 _MIN_HEADROOM_BITS = 10  # integer bits a sum needs at least (|sum| < 2^8 with the margin below)
 _COMFORT_SUM = 2.0**16  # sums a ciphertext on the wire should carry without a warning
@@ -355,7 +352,7 @@ Layout = list[tuple[str, str, tuple[int, ...]]]  # (tensor name, wire dtype name
 def _layout_of(message: Message) -> Layout:
     out = []
     for name, t in message.tensors.items():
-        if t.dtype not in _FLOAT_DTYPES:
+        if t.dtype not in FLOAT_DTYPES:
             raise ProtocolError(
                 f"CKKS aggregation adds real numbers; {message.sender}'s tensor {name!r} has dtype {t.dtype}"
             )
@@ -369,7 +366,7 @@ def _layout_from_meta(raw: Any, who: str) -> Layout:
     except (TypeError, ValueError):
         raise ProtocolError(f"{who} sent a ciphertext message with an unreadable layout: {raw!r}") from None
     for name, dname, shape in layout:
-        if dname not in WIRE_DTYPES or WIRE_DTYPES[dname] not in _FLOAT_DTYPES or any(s < 0 for s in shape):
+        if dname not in WIRE_DTYPES or WIRE_DTYPES[dname] not in FLOAT_DTYPES or any(s < 0 for s in shape):
             raise ProtocolError(f"{who} sent a ciphertext message with a bad tensor entry {name!r}: {dname} {shape}")
     return layout
 
@@ -429,7 +426,7 @@ class _EncryptionWorkers:
 
     def __init__(self, n: int) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        # The worker imports only protocols.ckks_worker (numpy, TenSEAL): 0.2 s to start instead of 2.3 s with torch.
+        # The worker imports only protocols.ckks_worker (numpy, TenSEAL), not torch: it starts in a fraction of the time.
         cmd = [sys.executable, "-c", "from protocols.ckks_worker import main; main()"]
         try:
             self._procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -516,7 +513,7 @@ class _Release:
     subsets: list[frozenset[str]]
 
 
-class CKKSAggregation(Aggregation):
+class CKKSAggregation(SecureSumAggregation):
     """Sum or mean of the feature parties' tensors under CKKS encryption (see the module docstring).
 
     Key material is kept per party (``party name -> TenSEAL context``): only the label party's context holds the
@@ -524,6 +521,10 @@ class CKKSAggregation(Aggregation):
     """
 
     name: ClassVar[str] = "ckks"
+    dense_inputs: ClassVar[str] = "CKKS-encrypts"
+    flag: ClassVar[str] = "--he ckks"
+    subject: ClassVar[str] = "CKKS aggregation"
+    one_party_sum: ClassVar[str] = "a sum over one party is its own output"
 
     def __init__(self, params: CKKSParams | str | None = None, aggregator: str = "aggregator", workers: int = 0) -> None:
         self.params = params if isinstance(params, CKKSParams) else CKKSParams.parse(params)
@@ -540,20 +541,16 @@ class CKKSAggregation(Aggregation):
         self.ciphertexts_added = 0
 
     # -- contract ------------------------------------------------------------------------------------------
-    def check(self, traits: AlgorithmTraits) -> list[str]:
-        if traits.aggregation in _VALID_AGGREGATIONS:
-            return []
-        if traits.aggregation == "broadcast":
-            return [broadcast_refusal(traits, "--he ckks")]
+    def _refusal(self, traits: AlgorithmTraits) -> str:
         if traits.aggregation == "concat":
-            return [
+            return (
                 f"CKKS needs sum or mean aggregation; algorithm {traits.name!r} concatenates embeddings — use vafl "
                 "or fdml (they sum or average), or drop --he ckks (--he none)"
-            ]
-        return [
+            )
+        return (
             f"CKKS needs sum or mean aggregation; algorithm {traits.name!r} combines no party outputs "
             f"(aggregation {traits.aggregation!r}) — drop --he ckks"
-        ]
+        )
 
     def extra_roles(self) -> dict[str, Role]:
         """The party this aggregation adds to a run's topology (see ``secvfl.runner.build_run``)."""
@@ -690,20 +687,14 @@ class CKKSAggregation(Aggregation):
     # -- the steps each role performs ------------------------------------------------------------------------
     def _plaintext(self, message: Message, parties: Sequence[str]) -> tuple[Layout, np.ndarray]:
         """The feature party's checks before encryption: float tensors, finite, small enough not to wrap around."""
-        party = message.sender
         layout = _layout_of(message)
         flat = _flatten(message.tensors)
         limit = self.params.max_abs_sum / len(parties)
-        if flat.size:  # refuse before anything leaves the party: overflow would decrypt to garbage silently
-            peak = float(np.abs(flat).max())
-            if not math.isfinite(peak):
-                raise ProtocolError(f"{party}'s {message.kind} contains NaN or infinite values; CKKS needs finite numbers")
-            if peak > limit:
-                raise ProtocolError(
-                    f"{party}'s {message.kind} has a value of magnitude {peak:.4g}, above {limit:.4g}, the most a "
-                    f"sum over {len(parties)} parties can carry at CKKS parameters {self.params.spec()}; lower the "
-                    "scale or add a data prime (--ckks-params)"
-                )
+        refuse_unsummable(
+            flat, limit, f"{message.sender}'s {message.kind}", "CKKS",
+            f"{limit:.4g}, the most a sum over {len(parties)} parties can carry at CKKS parameters "
+            f"{self.params.spec()}; lower the scale or add a data prime (--ckks-params)",
+        )
         return layout, flat
 
     @staticmethod
@@ -832,10 +823,11 @@ class CKKSAggregation(Aggregation):
             )
         return key, _Release(step, subsets)
 
-    # -- the whole round -----------------------------------------------------------------------------------
-    def aggregate(self, net: Network, messages: Sequence[Message], receiver: str, op: str) -> Message:
-        if op not in ("sum", "mean"):
-            raise UnsupportedError(f"aggregation op must be 'sum' or 'mean', got {op!r}")
+    # -- the checks of a round (SecureSumAggregation's hooks) ------------------------------------------------
+    def _layout(self, message: Message) -> Layout:
+        return _layout_of(message)  # refuses non-float tensors
+
+    def _check_receiver(self, net: Network, receiver: str) -> None:
         label = self._key_holder()
         if dict(net.topology.roles) != dict(self.topology.roles):  # type: ignore[union-attr]
             raise ProtocolError("this CKKS aggregation is bound to another network's parties; use one per network")
@@ -843,28 +835,18 @@ class CKKSAggregation(Aggregation):
             raise UnsupportedError(
                 f"CKKS aggregation delivers sums only to the key holder, the label party {label!r}; got {receiver!r}"
             )
-        messages = list(messages)
-        senders = [m.sender for m in messages]
-        if len(messages) < 2:
-            raise UnsupportedError(
-                f"CKKS aggregation needs at least 2 parties (got {senders}): a sum over one party is its own output"
-            )
-        if len(set(senders)) != len(senders):
-            raise ProtocolError(f"CKKS aggregation got two messages from one party: {senders}")
+
+    def _check_contributors(self, senders: Sequence[str]) -> None:
         features = set(self.topology.feature_parties)  # type: ignore[union-attr]
         strangers = [s for s in senders if s not in features]
         if strangers:
             raise ProtocolError(f"only feature parties contribute to a CKKS sum; {strangers} are not feature parties")
+
+    # -- the whole round -----------------------------------------------------------------------------------
+    def aggregate(self, net: Network, messages: Sequence[Message], receiver: str, op: str) -> Message:
+        messages = list(messages)
+        senders, layout = self._check_round(net, messages, receiver, op)
         first = messages[0]
-        layout = _layout_of(first)
-        for m in messages[1:]:
-            if m.kind != first.kind:
-                raise ProtocolError(f"CKKS aggregation mixes message kinds {first.kind!r} and {m.kind!r}")
-            if _layout_of(m) != layout:
-                raise ProtocolError(
-                    f"{m.sender}'s {m.kind} tensors {_layout_of(m)} do not match {first.sender}'s {layout}; every "
-                    "party must send the same names, shapes and dtypes"
-                )
         release = self._check_disclosure(receiver, first.kind, first.step, layout, senders)
         aggregator = self.topology.parties(Role.AGGREGATOR)[0]  # type: ignore[union-attr]
         self._distribute(net, [*senders, aggregator], first.step)
@@ -880,8 +862,22 @@ class CKKSAggregation(Aggregation):
         tensors = self.decrypt(receiver, summed, divide_by=len(messages) if op == "mean" else 1)
         self._released[release[0]] = release[1]
         self.sums_delivered += 1
-        return Message(first.kind, "aggregate", receiver, first.step, tensors, {},
-                       {"op": op, "parties": len(messages), "aggregation": self.name}, wire_size=summed.wire_size)
+        return self._result(first, receiver, tensors, op, len(messages), summed.wire_size)
+
+
+@dataclass(frozen=True)
+class CKKSOptions(Options):
+    he: Literal["none", "ckks"] = option(
+        "none", "encrypt the parties' outputs before they are summed or averaged (vafl, fdml): ckks = TenSEAL CKKS; an "
+                "aggregator party adds the ciphertexts, the label party decrypts only the sum")
+    ckks_workers: int = option(
+        0, "processes that encrypt for the feature parties in parallel with the training process (TenSEAL holds the "
+           "GIL, so threads cannot); 0 = all in the training process; on 2 cores use 1. Each costs a Python start-up "
+           "(a few seconds) once per run", metavar="N", check=(lambda n: n >= 0, "a non-negative integer"))
+    ckks_params: str = option(
+        "default", "CKKS parameters: default (8192:60,40,40,60:40), compact (8192:60,60:40: smaller public key, same "
+                   "ciphertexts: both are sent under the first prime only, which addition needs) or "
+                   "N:PRIME_BITS:SCALE_BITS; checked for 128-bit security and precision", metavar="SPEC")
 
 
 class CKKSPlugin(ProtocolPlugin):
@@ -889,37 +885,15 @@ class CKKSPlugin(ProtocolPlugin):
     :class:`protocols.secure_plugins.CKKSTrainPlugin`, which also stops the encryption workers when a run ends."""
 
     name = "he"
-
-    def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
-        parser.add_argument(
-            "--he", choices=("none", "ckks"), default="none",
-            help="encrypt the parties' outputs before they are summed or averaged (vafl, fdml): ckks = TenSEAL CKKS; "
-                 "an aggregator party adds the ciphertexts, the label party decrypts only the sum",
-        )
-        parser.add_argument(
-            "--ckks-workers", type=int, default=0, metavar="N",
-            help="processes that encrypt for the feature parties in parallel with the training process (TenSEAL "
-                 "holds the GIL, so threads cannot); 0 = all in the training process; on 2 cores use 1. Each costs a "
-                 "Python start-up (a few seconds) once per run",
-        )
-        parser.add_argument(
-            "--ckks-params", default="default", metavar="SPEC",
-            help="CKKS parameters: default (8192:60,40,40,60:40), compact (8192:60,60:40: smaller public key, same "
-                 "ciphertexts: both are sent under the first prime only, which addition needs) or "
-                 "N:PRIME_BITS:SCALE_BITS; checked for 128-bit security and precision",
-        )
+    options_type = CKKSOptions
 
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
-        he = cfg.option("he") or "none"
-        spec = cfg.option("ckks_params") or "default"
-        workers = cfg.option("ckks_workers") or 0
-        if he == "none":
-            if spec != "default" or workers:
+        o = cfg.options_for(CKKSOptions)
+        if o.he == "none":
+            if o.ckks_params != "default" or o.ckks_workers:
                 raise UnsupportedError("--ckks-params and --ckks-workers only apply with --he ckks")
             return None
-        if he != "ckks":
-            raise ConfigError(f"unknown --he {he!r}; choose none or ckks")
-        aggregation = CKKSAggregation(spec, workers=int(workers))
+        aggregation = CKKSAggregation(o.ckks_params, workers=o.ckks_workers)
         problems = aggregation.check(traits)
         if problems:
             raise UnsupportedError("; ".join(problems))

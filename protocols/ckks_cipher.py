@@ -15,9 +15,9 @@ dropped prime (``Encryptor::encrypt_zero_internal``), i.e. a fresh public-key en
 modulus switch. Whatever can be learnt from the switched ciphertext can be computed from the fresh one, so it is
 no weaker than a fresh ciphertext at the first level; the keys stay those of the full parameters (128-bit).
 
-Measured on the development VM (N = 8192, one thread; `secvfl bench crypto` reports it per run): per ciphertext,
-encrypt 2.0 ms against 3.5 ms at the first level, serialise 0.23 against 1.3 ms, 131 kB against 332 kB, decrypt
-0.23 against 0.85 ms; and each ciphertext carries 8192 floats instead of 4096.
+It is also cheaper than working at the first level: each ciphertext carries 8192 floats instead of 4096 (N = 8192),
+and encrypting, serialising and decrypting one takes less time and fewer bytes (measured per ciphertext:
+BENCHMARKS.md, "Secure computation"; `secvfl bench crypto` reports it per run).
 
 The SEAL bindings read and write ciphertexts only through file paths, so bytes pass through a scratch file on a
 memory file system (``/dev/shm`` when writable, else the temporary directory): a fresh 0600 file per call, removed

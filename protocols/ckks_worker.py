@@ -1,7 +1,8 @@
 """Body of a CKKS encryption worker process (see ``protocols.ckks._EncryptionWorkers``) and the frames it speaks.
 
-Kept apart from :mod:`protocols.ckks` so that a worker imports only numpy and TenSEAL: it starts in 0.2 s instead of
-the 2.3 s an import of torch costs, time a training run would otherwise wait for on its first encrypted step.
+Kept apart from :mod:`protocols.ckks` so that a worker imports only numpy and TenSEAL, not torch, whose import would
+be most of its start-up (BENCHMARKS.md, "One MNIST epoch"), time a training run would otherwise wait for on its
+first encrypted step.
 """
 
 from __future__ import annotations

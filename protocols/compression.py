@@ -75,8 +75,10 @@ Placement and composition (stack position 10, see :mod:`secvfl.plugins`):
   sensitivity analysis.
 * **Secure aggregation (CKKS ``--he``, masking ``--secagg``)** adds the parties' forward outputs as encrypted or
   masked dense vectors: parties' sparse supports differ (top-k), and packed codes or seeds cannot be added by the
-  aggregator, so forward compression is refused under them. Backward messages (the label party's plaintext
-  gradients or dual variables) can still be compressed. Tell the layer the aggregation's name (``aggregation=``).
+  aggregator, so forward compression is refused under them (the layer says what it makes of the outputs,
+  :meth:`CompressionLayer.encoded_outputs`; such an aggregation declares ``accepts_encoded = False``, and
+  ``check_stack`` refuses the pair). Backward messages (the label party's plaintext gradients or dual variables) can
+  still be compressed.
 * **Secure channel** (position 90) seals the compressed bytes; it composes.
 
 Threat model: compression adds no protection. Top-k indices reveal where a tensor is large; the error-feedback
@@ -85,19 +87,20 @@ memory at the receiver is an estimate of what the sender sent, no more than the 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import WIRE_DTYPES, Message
+from secvfl.options import Options, option
+from secvfl.parties import ProtocolHooks
 from secvfl.plugins import ProtocolPlugin, ProtocolSetup
 from secvfl.transport.layers import AlgorithmTraits, Layer
 
@@ -118,11 +121,10 @@ __all__ = [
     "decompress_values",
     "packed_size",
     "CompressionLayer",
-    "SECURE_AGGREGATIONS",
     "COMPRESSION_POSITION",
     "specs_from_options",
-    "secure_aggregation_name",
     "tag_rows",
+    "CompressionOptions",
     "CompressionPlugin",
 ]
 
@@ -132,8 +134,6 @@ FEEDBACK = ("ef", "vr")
 VALID_OPS = ("topk:RATIO", "randk:RATIO", "quant:BITS", "fp16", "bf16", "fp32", "ef", "vr")
 _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 MAX_BITS = 16
-# Aggregations that add the parties' forward outputs homomorphically or under masks (protocols.ckks, protocols.secagg).
-SECURE_AGGREGATIONS = ("ckks", "mask")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -489,9 +489,7 @@ class CompressionLayer(Layer):
 
     ``forward``/``backward``: specs (strings or :class:`CompressionSpec`) for the algorithm's forward kinds (party
     outputs: embeddings, logits, ``A_k x_k``) and backward kinds (gradients, dual variables). The kinds come from the
-    algorithm's traits at :meth:`check`, or explicitly. ``aggregation`` names the run's aggregation so the layer can
-    refuse combinations that cannot work (forward compression under ``ckks`` or ``mask``). ``seed`` makes the
-    senders' randomness (rand-k seeds, stochastic rounding) reproducible; each party draws from its own generator.
+    algorithm's traits at :meth:`check`, or explicitly. ``seed`` makes the senders' randomness (rand-k seeds, stochastic rounding) reproducible; each party draws from its own generator.
 
     Rows of per-batch messages (for error feedback), in ``meta["rows"]``, one of:
 
@@ -508,7 +506,6 @@ class CompressionLayer(Layer):
         forward: str | CompressionSpec | None = None,
         backward: str | CompressionSpec | None = None,
         *,
-        aggregation: str | None = "plain",
         forward_kinds: Iterable[str] | None = None,
         backward_kinds: Iterable[str] | None = None,
         seed: int = 0,
@@ -519,7 +516,6 @@ class CompressionLayer(Layer):
         self.evaluation = evaluation
         self.forward = parse_spec(forward)
         self.backward = parse_spec(backward)
-        self.aggregation = aggregation or "plain"
         self.forward_kinds = tuple(forward_kinds) if forward_kinds is not None else None
         self.backward_kinds = tuple(backward_kinds) if backward_kinds is not None else None
         self.seed = int(seed)
@@ -542,18 +538,16 @@ class CompressionLayer(Layer):
         if self.backward_kinds is None:
             self.backward_kinds = tuple(traits.backward_kinds)
         problems = []
-        if self.forward is not None and self.aggregation in SECURE_AGGREGATIONS and traits.aggregation != "none":
-            flag = "--he" if self.aggregation == "ckks" else "--secagg"
-            what = "CKKS-encrypts" if self.aggregation == "ckks" else "masks"
-            problems.append(
-                f"forward compression ({self.forward}) cannot be combined with {flag} {self.aggregation}: that "
-                f"aggregation {what} each party's dense {'/'.join(traits.forward_kinds)} and adds them, and sparse "
-                "supports that differ between parties (top-k), shared-seed selections or bit-packed codes cannot be "
-                "added by the aggregator; compress the backward direction only (--compress-backward)"
-            )
         if self.forward is None and self.backward is None:
             problems.append("no direction to compress: give a forward and/or backward spec")
         return problems
+
+    def encoded_outputs(self, traits: AlgorithmTraits) -> tuple[str, str] | None:
+        if self.forward is None:
+            return None
+        return (f"forward compression ({self.forward})",
+                "it sends sparse supports that differ between parties (top-k), shared-seed selections or bit-packed "
+                "codes, which the aggregator cannot add; compress the backward direction only (--compress-backward)")
 
     def _direction(self, kind: str) -> tuple[str, CompressionSpec] | None:
         fk = self.forward_kinds if self.forward_kinds is not None else ("embedding",)
@@ -914,15 +908,6 @@ def specs_from_options(
     return f, b
 
 
-def secure_aggregation_name(options: Mapping[str, Any]) -> str:
-    """The aggregation a run uses, from the --he / --secagg flags ("plain" when neither is on)."""
-    if (options.get("he") or "none") != "none":
-        return str(options["he"])
-    if (options.get("secagg") or "none") != "none":
-        return str(options["secagg"])
-    return "plain"
-
-
 class _RowTagger:
     """The compression layer's :class:`~secvfl.parties.MessageTagger`: marks evaluation outputs (``meta["eval"]``)
     and, when installed on the label party, names the rows of its gradients (``meta["rows"]``) so per-row error
@@ -958,72 +943,68 @@ class _RowTagger:
         return [split, *ids.tolist()]
 
 
-def tag_rows(algo: Any, layer: CompressionLayer, *, backward_rows: bool = True) -> bool:
+def tag_rows(hooks: ProtocolHooks, layer: CompressionLayer, *, backward_rows: bool = True) -> bool:
     """Install the compression layer's tagger on a split-style algorithm's parties (their public ``tagger`` hook):
     evaluation outputs get marked and, with ``backward_rows``, the label party's gradient messages name their rows.
     Training batches are named by position in the shared-seed batch order when the algorithm publishes its
     ``schedule`` (a :class:`~secvfl.algorithms.base.BatchSchedule`); the label party's tagger gets that schedule,
-    never the algorithm. Returns False when the algorithm has no such parties."""
-    fps = getattr(algo, "feature_parties", None)
-    lp = getattr(algo, "label_party", None)
-    if not fps or lp is None or not all(hasattr(p, "tagger") for p in [*fps, lp]):
+    never the algorithm. Returns False when the algorithm offers no such parties (``hooks``)."""
+    if not hooks.feature_parties or hooks.label is None:
         return False
-    schedule = getattr(algo, "schedule", None)
-    if callable(getattr(schedule, "order", None)):
+    schedule = hooks.schedule
+    if schedule is not None:
         layer.schedules["train"] = schedule.order
-    else:
-        schedule = None
-    for fp in fps:
+    for fp in hooks.feature_parties:
         fp.tagger = _RowTagger(None, rows=False)  # a feature party's outputs name no rows: it only marks evaluation
-    lp.tagger = _RowTagger(schedule, rows=backward_rows)
+    hooks.label.tagger = _RowTagger(schedule, rows=backward_rows)
     return True
+
+
+@dataclass(frozen=True)
+class CompressionOptions(Options):
+    compress: str | None = option(
+        None, "compress forward and backward messages (topk:RATIO, randk:RATIO, quant:BITS, fp16, bf16, fp32, joined "
+              "with '+', then optionally +ef or +vr), e.g. topk:0.1+ef or randk:0.1+quant:8", metavar="SPEC")
+    compress_forward: str | None = option(
+        None, "compression of forward messages (embeddings, outputs); overrides --compress", metavar="SPEC")
+    compress_backward: str | None = option(
+        None, "compression of backward messages (gradients, duals); overrides --compress", metavar="SPEC")
+    compress_eval: Literal["auto", "dense", "compress"] | None = option(
+        None, "evaluation/prediction outputs: auto (default: compressed like training when training used no memory, "
+              "else dense), dense, or compress (always, with memory)")
+    # library form {"compress": "topk", "compress_ratio": r}: the ratio of a bare sparsifier
+    compress_ratio: float | None = option(None, "the ratio of a bare --compress topk/randk", cli=False)
 
 
 class CompressionPlugin(ProtocolPlugin):
     """``--compress SPEC`` (both directions), ``--compress-forward SPEC``, ``--compress-backward SPEC``."""
 
     name = "compression"
-    # options-only form {"compress": "topk", "compress_ratio": r} (library use)
-    extra_options: ClassVar[tuple[str, ...]] = ("compress_ratio",)
-
-    def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
-        ops = "topk:RATIO, randk:RATIO, quant:BITS, fp16, bf16, fp32, joined with '+', then optionally +ef or +vr"
-        parser.add_argument(
-            "--compress", default=None, metavar="SPEC",
-            help=f"compress forward and backward messages ({ops}), e.g. topk:0.1+ef or randk:0.1+quant:8",
-        )
-        parser.add_argument("--compress-forward", default=None, metavar="SPEC",
-                            help="compression of forward messages (embeddings, outputs); overrides --compress")
-        parser.add_argument("--compress-backward", default=None, metavar="SPEC",
-                            help="compression of backward messages (gradients, duals); overrides --compress")
-        parser.add_argument("--compress-eval", choices=("auto", "dense", "compress"), default=None,
-                            help="evaluation/prediction outputs: auto (default: compressed like training when "
-                                 "training used no memory, else dense), dense, or compress (always, with memory)")
+    options_type = CompressionOptions
 
     def configure(self, cfg: Any, traits: AlgorithmTraits, ctx: Any) -> ProtocolSetup | None:
-        both = cfg.option("compress")
-        ratio = cfg.option("compress_ratio")  # options-only form {"compress": "topk", "compress_ratio": r}
-        if ratio is not None and both in SPARSIFIERS:
-            both = f"{both}:{ratio}"
-        fwd, bwd = specs_from_options(both, cfg.option("compress_forward"), cfg.option("compress_backward"))
+        o = cfg.options_for(CompressionOptions)
+        both = o.compress
+        if o.compress_ratio is not None and both in SPARSIFIERS:
+            both = f"{both}:{o.compress_ratio}"
+        fwd, bwd = specs_from_options(both, o.compress_forward, o.compress_backward)
         if fwd is None and bwd is None:
-            if cfg.option("compress_eval") is not None:
+            if o.compress_eval is not None:
                 raise ConfigError("--compress-eval only applies together with --compress/--compress-forward")
             return None
         if not traits.forward_kinds and not traits.backward_kinds:
             raise UnsupportedError(f"--compress: algorithm {traits.name!r} exchanges no embeddings or gradients")
-        layer = CompressionLayer(fwd, bwd, aggregation=secure_aggregation_name(cfg.options), seed=cfg.seed,
-                                 evaluation=cfg.option("compress_eval") or "auto")
+        layer = CompressionLayer(fwd, bwd, seed=cfg.seed, evaluation=o.compress_eval or "auto")
         problems = layer.check(traits)
         if problems:
             raise UnsupportedError(f"--compress is not valid for algorithm {traits.name!r}: " + "; ".join(problems))
         feedback = any(s is not None and s.feedback for s in (fwd, bwd))
 
         def attach(algo: Any) -> None:
-            if getattr(algo, "persistent_messages", False):
+            if traits.persistent_messages:
                 return  # the algorithm marks its own messages (persistent, rows, eval)
             rows = bwd is not None and bwd.feedback is not None
-            if not tag_rows(algo, layer, backward_rows=rows) and feedback:
+            if not tag_rows(algo.protocol_hooks(), layer, backward_rows=rows) and feedback:
                 raise UnsupportedError(
                     f"--compress ...+ef/+vr: algorithm {traits.name!r} sends per-batch messages without naming "
                     "their rows, so error feedback cannot keep a per-row memory; drop +ef/+vr"

@@ -75,10 +75,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from protocols.base import broadcast_refusal
+from protocols.base import FLOAT_DTYPES, SecureSumAggregation, refuse_unsummable
 from secvfl.errors import MessageError, ProtocolError, SecvflWarning, UnsupportedError
 from secvfl.messages import Message, register_kind
-from secvfl.transport.layers import Aggregation, AlgorithmTraits, Role, Topology
+from secvfl.transport.layers import AlgorithmTraits, Role, Topology
 
 if TYPE_CHECKING:
     from secvfl.transport.network import Network
@@ -98,9 +98,6 @@ MASKED_KIND = register_kind("masked")  # party -> aggregator/receiver: fixed-poi
 SUM_KIND = register_kind("masked-sum")  # aggregator -> receiver: the sum of the masked tensors (masks cancelled)
 
 _PROTOCOL = b"secvfl-secagg-v1"
-_SUPPORTED_OPS = ("sum", "mean")
-_VALID_AGGREGATIONS = ("sum", "mean", "subset-mean")
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 log = logging.getLogger(__name__)
 
@@ -148,16 +145,12 @@ class FixedPoint:
     def encode(self, x: torch.Tensor, n_parties: int, what: str) -> np.ndarray:
         """``round(x * 2^f)`` as uint64 (two's complement); refuses values that could overflow the sum."""
         v = x.detach().to("cpu", torch.float64).numpy().reshape(-1)
-        if v.size and not np.isfinite(v).all():
-            raise ProtocolError(f"{what} contains NaN or infinite values; masked aggregation needs finite numbers")
         limit = self.max_abs(n_parties)
-        peak = float(np.abs(v).max()) if v.size else 0.0
-        if peak > limit:
-            raise ProtocolError(
-                f"{what} has a value of magnitude {peak:.4g}, above the fixed-point limit {limit:.4g} for "
-                f"{n_parties} parties with {self.frac_bits} fractional bits (|x| <= 2^(62-f)/n); lower frac_bits "
-                "or scale the values down"
-            )
+        refuse_unsummable(
+            v, limit, what, "masked aggregation",
+            f"the fixed-point limit {limit:.4g} for {n_parties} parties with {self.frac_bits} fractional bits "
+            "(|x| <= 2^(62-f)/n); lower frac_bits or scale the values down",
+        )
         return np.rint(v * self.scale).astype(np.int64).view(np.uint64)
 
     def decode(self, total: np.ndarray) -> np.ndarray:
@@ -235,7 +228,7 @@ class _MaskingParty:
 
 
 @dataclass
-class MaskedAggregation(Aggregation):
+class MaskedAggregation(SecureSumAggregation):
     """Sum or mean of the parties' tensors through pairwise additive masks (see the module docstring).
 
     ``drop_hook(party, phase, round)`` models a party that stops responding: returning True makes ``party`` not
@@ -245,6 +238,10 @@ class MaskedAggregation(Aggregation):
     """
 
     name: ClassVar[str] = "mask"
+    dense_inputs: ClassVar[str] = "masks"
+    flag: ClassVar[str] = "--secagg mask"
+    subject: ClassVar[str] = "masked aggregation"
+    one_party_sum: ClassVar[str] = "one party's sum is its own tensor"
     frac_bits: int = 24
     drop_hook: DropHook | None = field(default=None, repr=False)
     topology: Topology | None = field(default=None, repr=False)
@@ -259,16 +256,20 @@ class MaskedAggregation(Aggregation):
         self.dropped: list[dict[str, Any]] = []
 
     # -- contract ------------------------------------------------------------------------------------------
-    def check(self, traits: AlgorithmTraits) -> list[str]:
-        if traits.aggregation == "broadcast":
-            return [broadcast_refusal(traits, "--secagg mask")]
-        if traits.aggregation not in _VALID_AGGREGATIONS:
-            return [
-                f"masked aggregation only delivers sums or means of the parties' outputs, but {traits.name!r} "
-                f"aggregates by {traits.aggregation!r}; use an algorithm that sums or averages (e.g. vafl, fdml) "
-                "or drop --secagg"
-            ]
-        return []
+    def _refusal(self, traits: AlgorithmTraits) -> str:
+        return (
+            f"masked aggregation only delivers sums or means of the parties' outputs, but {traits.name!r} "
+            f"aggregates by {traits.aggregation!r}; use an algorithm that sums or averages (e.g. vafl, fdml) "
+            "or drop --secagg"
+        )
+
+    def _layout(self, message: Message) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        return [(name, tuple(t.shape), t.dtype) for name, t in message.tensors.items()]
+
+    def _check_layout(self, layout: list[tuple[str, tuple[int, ...], torch.dtype]]) -> None:
+        for name, _, dtype in layout:
+            if dtype not in FLOAT_DTYPES:
+                raise ProtocolError(f"masked aggregation adds floating-point tensors; {name!r} is {dtype}")
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -411,30 +412,9 @@ class MaskedAggregation(Aggregation):
 
     def _round(self, net: Network, messages: Sequence[Message], receiver: str, op: str) -> Message:
         """One masking round over exactly ``messages``' senders; :class:`PartyDroppedError` if one does not deliver."""
-        if op not in _SUPPORTED_OPS:
-            raise UnsupportedError(f"aggregation op must be 'sum' or 'mean', got {op!r}")
         messages = list(messages)
-        senders = [m.sender for m in messages]
-        if len(messages) < 2:
-            raise UnsupportedError(
-                f"masked aggregation needs at least 2 parties (got {senders}): one party's sum is its own tensor"
-            )
-        if len(set(senders)) != len(senders):
-            raise ProtocolError(f"masked aggregation got two messages from one party: {senders}")
+        senders, layout = self._check_round(net, messages, receiver, op)
         first = messages[0]
-        layout = [(name, tuple(t.shape), t.dtype) for name, t in first.tensors.items()]
-        for m in messages:
-            if m.kind != first.kind:
-                raise ProtocolError(f"masked aggregation mixes message kinds {first.kind!r} and {m.kind!r}")
-            got = [(name, tuple(t.shape), t.dtype) for name, t in m.tensors.items()]
-            if got != layout:
-                raise ProtocolError(
-                    f"{m.sender}'s {m.kind} tensors {got} do not match {first.sender}'s {layout}; "
-                    "every party must send the same names, shapes and dtypes"
-                )
-        for name, _, dtype in layout:
-            if dtype not in _FLOAT_DTYPES:
-                raise ProtocolError(f"masked aggregation adds floating-point tensors; {name!r} is {dtype}")
         route = self._route(net, receiver)
         if route in senders or receiver in senders:
             raise ProtocolError(f"the aggregator {route!r} / receiver {receiver!r} cannot also be a contributor")
@@ -494,8 +474,7 @@ class MaskedAggregation(Aggregation):
             out[name] = torch.from_numpy(values[offset : offset + size].reshape(shape)).to(dtype)
             offset += size
         self.rounds_completed += 1
-        return Message(first.kind, "aggregate", receiver, first.step, out, {},
-                       {"op": op, "parties": n, "aggregation": self.name, "round": round_number}, wire_size=wire)
+        return self._result(first, receiver, out, op, n, wire, round=round_number)
 
 
 def _is_stale(got: Message, round_number: int) -> bool:

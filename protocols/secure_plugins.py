@@ -15,15 +15,16 @@
   (:class:`ChannelKeysWarning`).
 
 Threat models are those of the protocol modules. ``--he`` and ``--secagg`` are alternatives (each replaces the plain
-aggregation); asking for both is refused up front.
+aggregation); asking for both is refused before training (by :func:`secvfl.plugins.configure_protocols`, where the
+one-aggregation rule lives).
 """
 
 from __future__ import annotations
 
-import argparse
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from protocols.channel import (
     ChannelCredentials,
@@ -35,6 +36,7 @@ from protocols.channel import (
 from protocols.ckks import CKKSPlugin
 from protocols.secagg import MaskedAggregation, UnauthenticatedKeysWarning
 from secvfl.errors import ConfigError, SecvflWarning, UnsupportedError
+from secvfl.options import Options, option
 from secvfl.plugins import ProtocolPlugin, ProtocolSetup
 from secvfl.transport.layers import AlgorithmTraits, Topology
 
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from secvfl.config import TrainConfig
 
 __all__ = ["CKKSTrainPlugin", "SecAggPlugin", "ChannelPlugin", "ChannelKeysWarning", "RunChannelLayer", "generate_channel_keys",
-           "CHANNEL_POSITION"]
+           "CHANNEL_POSITION", "SecAggOptions", "ChannelOptions"]
 
 CHANNEL_POSITION = 90  # outermost: seals whatever the inner layers produced
 
@@ -53,50 +55,46 @@ class ChannelKeysWarning(SecvflWarning):
     deployment) or key files (``--channel-keys``), of which this one process reads every party's private key."""
 
 
-def _he_requested(cfg: TrainConfig) -> bool:
-    return (cfg.option("he") or "none") != "none"
+@dataclass(frozen=True)
+class SecAggOptions(Options):
+    secagg: Literal["none", "mask"] = option(
+        "none", "masked secure aggregation of the parties' outputs (vafl, fdml): mask = pairwise additive masks "
+                "(X25519 + AES-CTR); the label party learns only the sum. The parties' public keys for the masks are "
+                "authenticated only with --secure-channel (without it, a relay that swaps them can unmask a party). "
+                "Alternative to --he ckks")
+    secagg_frac_bits: int = option(
+        24, "fixed-point fractional bits of --secagg mask (precision 2^-(F+1) per party and element; values must stay "
+            "below 2^(62-F)/parties)", metavar="F")
+
+
+@dataclass(frozen=True)
+class ChannelOptions(Options):
+    secure_channel: bool = option(
+        False, "seal every message end to end (SIGMA handshake: X25519, Ed25519 signatures and key confirmation over "
+               "the whole transcript; AES-256-GCM); outermost layer. Also authenticates --secagg mask's keys")
+    channel_keys: str | None = option(
+        None, "folder with <party>.key.pem (mode 0600) and <party>.pub.pem for every party of the run (deployment "
+              "keys); default: every party's key generated and pinned in this one process, a simulation only, never "
+              "a deployment", metavar="DIR")
 
 
 class SecAggPlugin(ProtocolPlugin):
     """``--secagg mask`` and ``--secagg-frac-bits`` for ``secvfl train``."""
 
     name = "secagg"
-
-    def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
-        parser.add_argument(
-            "--secagg", choices=("none", "mask"), default="none",
-            help="masked secure aggregation of the parties' outputs (vafl, fdml): mask = pairwise additive masks "
-                 "(X25519 + AES-CTR); the label party learns only the sum. The parties' public keys for the masks "
-                 "are authenticated only with --secure-channel (without it, a relay that swaps them can unmask a "
-                 "party). Alternative to --he ckks",
-        )
-        parser.add_argument(
-            "--secagg-frac-bits", type=int, default=24, metavar="F",
-            help="fixed-point fractional bits of --secagg mask (precision 2^-(F+1) per party and element; "
-                 "values must stay below 2^(62-F)/parties)",
-        )
+    options_type = SecAggOptions
 
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
-        mode = cfg.option("secagg") or "none"
-        frac_bits = cfg.option("secagg_frac_bits")
-        frac_bits = 24 if frac_bits is None else int(frac_bits)
-        if mode == "none":
-            if frac_bits != 24:
+        o = cfg.options_for(SecAggOptions)
+        if o.secagg == "none":
+            if o.secagg_frac_bits != 24:
                 raise UnsupportedError("--secagg-frac-bits only applies with --secagg mask")
             return None
-        if mode != "mask":
-            raise ConfigError(f"unknown --secagg {mode!r}; choose none or mask")
-        if _he_requested(cfg):
-            raise UnsupportedError(
-                "--he ckks and --secagg mask both replace the aggregation of the parties' outputs and cannot be "
-                "combined; choose one (--he ckks: encrypted sum, needs an aggregator party; --secagg mask: faster, "
-                "masked sum)"
-            )
-        aggregation = MaskedAggregation(frac_bits=frac_bits)
+        aggregation = MaskedAggregation(frac_bits=o.secagg_frac_bits)
         problems = aggregation.check(traits)
         if problems:
             raise UnsupportedError("; ".join(problems))
-        if not cfg.option("secure_channel"):
+        if not cfg.options_for(ChannelOptions).secure_channel:
             warnings.warn(
                 "--secagg mask without --secure-channel: the parties' public keys for the masks are not "
                 "authenticated, so whoever can modify the traffic between parties can swap them and read a party's "
@@ -109,7 +107,7 @@ class CKKSTrainPlugin(CKKSPlugin):
 
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
         setup = super().configure(cfg, traits, ctx)
-        if setup is not None and setup.aggregation is not None and hasattr(setup.aggregation, "close"):
+        if setup is not None and setup.aggregation is not None:
             aggregation = setup.aggregation
 
             def close(_run_dir: Path | None) -> None:
@@ -187,23 +185,12 @@ class ChannelPlugin(ProtocolPlugin):
     """``--secure-channel`` and ``--channel-keys DIR`` for ``secvfl train``."""
 
     name = "channel"
-
-    def add_arguments(self, parser: argparse.ArgumentParser | Any) -> None:
-        parser.add_argument(
-            "--secure-channel", action="store_true",
-            help="seal every message end to end (SIGMA handshake: X25519, Ed25519 signatures and key confirmation "
-                 "over the whole transcript; AES-256-GCM); outermost layer. Also authenticates --secagg mask's keys",
-        )
-        parser.add_argument(
-            "--channel-keys", default=None, metavar="DIR",
-            help="folder with <party>.key.pem (mode 0600) and <party>.pub.pem for every party of the run "
-                 "(deployment keys); default: every party's key generated and pinned in this one process, "
-                 "a simulation only, never a deployment",
-        )
+    options_type = ChannelOptions
 
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
-        key_dir = cfg.option("channel_keys")
-        if not cfg.option("secure_channel"):
+        o = cfg.options_for(ChannelOptions)
+        key_dir = o.channel_keys
+        if not o.secure_channel:
             if key_dir:
                 raise UnsupportedError("--channel-keys only applies with --secure-channel")
             return None

@@ -1,19 +1,28 @@
-"""The resolved configuration of a training run (every flag, from the CLI or a TOML file)."""
+"""The resolved configuration of a training run (every flag, from the CLI or a TOML file).
+
+The core settings are fields of :class:`TrainConfig`; the options of the algorithm families and protocol plugins
+come by flag name (``options``) and are resolved on construction into one typed, validated instance per options type
+(:mod:`secvfl.options`), read with :meth:`TrainConfig.options_for`.
+"""
 
 from __future__ import annotations
 
 import numbers
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from secvfl.data.masks import parse_p_miss
 from secvfl.data.partition import IMAGE_SPLITS
 from secvfl.data.preprocess import NAN_POLICIES
 from secvfl.errors import ConfigError, DataError
+from secvfl.options import Options
 
 __all__ = ["TrainConfig", "DTYPES", "BOTTOMS", "MAX_SEED", "MAX_WIDTH", "MAX_THREADS"]
+
+O = TypeVar("O", bound=Options)  # noqa: E741 - the conventional name of a type variable
 
 
 @dataclass(frozen=True)
@@ -41,8 +50,11 @@ class TrainConfig:
     nan_policy: str = "mean"
     eval_batch_size: int = 4096
     threads: int = 1
-    # Options of protocol layers and algorithm extensions, by flag name (e.g. {"privacy": "dp", "epsilon": 3.0}).
-    options: dict[str, Any] = field(default_factory=dict)
+    # Options of the algorithm families and protocol plugins by flag name (e.g. {"privacy": "dp", "epsilon": 3.0}),
+    # as the command line and config.toml hold them. On construction every known option is filled in, typed.
+    options: Mapping[str, Any] = field(default_factory=dict)
+    # The options, one validated instance per options type (see options_for).
+    _typed: dict[type[Options], Options] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         # Every problem in one line, so a user fixes them all at once; ranges only once the types are right.
@@ -51,22 +63,36 @@ class TrainConfig:
             for name in _WIDTH_FIELDS:  # lists from TOML/JSON become the tuples the dataclass promises
                 object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
             problems = _range_problems(self)
+        if isinstance(self.options, Mapping) and isinstance(self.algo, str):
+            from secvfl.plugins import check_options, resolve_options
+
+            typed, flat, found = resolve_options(self.algo, self.options)
+            problems += found
+            object.__setattr__(self, "_typed", typed)
+            object.__setattr__(self, "options", flat)
         if problems:
             raise ConfigError("; ".join(problems))
+        check_options(self.options)
 
-    def option(self, name: str, default: Any = None) -> Any:
-        return self.options.get(name, default)
+    def options_for(self, kind: type[O]) -> O:
+        """The run's options of type ``kind`` (an algorithm family's or a protocol plugin's), validated."""
+        try:
+            return self._typed[kind]  # type: ignore[return-value]
+        except KeyError:
+            raise ConfigError(f"{kind.__name__} are not options of this build: no loaded algorithm family or protocol "
+                              "plugin declares them") from None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         d["hidden"], d["head_hidden"] = list(self.hidden), list(self.head_hidden)
+        d["options"] = dict(self.options)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         names = {f.name for f in fields(cls)}
         core = {k: v for k, v in d.items() if k in names and k != "options"}
-        if not isinstance(d.get("options", {}), dict):
+        if not isinstance(d.get("options", {}), Mapping):
             raise ConfigError(f"'options' must be a table of flag values, got {d['options']!r}")
         options = dict(d.get("options", {}))
         options.update({k: v for k, v in d.items() if k not in names})
@@ -114,7 +140,7 @@ def _type_problems(cfg: TrainConfig) -> list[str]:
                  if not (isinstance(getattr(cfg, n), str) or _is_real(getattr(cfg, n)))]
     if cfg.data_dir is not None and not isinstance(cfg.data_dir, (str, os.PathLike)):
         problems.append(bad("data_dir", "a folder path"))
-    if not isinstance(cfg.options, dict):
+    if not isinstance(cfg.options, Mapping):
         problems.append(f"options must be a dictionary of flag values, got {type(cfg.options).__name__}")
     return problems
 

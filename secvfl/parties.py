@@ -13,8 +13,9 @@ the object graph from every party, under every algorithm and protocol, to check 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -22,6 +23,9 @@ from torch import nn
 
 from secvfl.errors import ConfigError, PartyIsolationError
 from secvfl.messages import Message, delivered
+
+if TYPE_CHECKING:
+    from secvfl.algorithms.base import BatchSchedule
 
 __all__ = [
     "FeatureParty",
@@ -33,6 +37,8 @@ __all__ = [
     "task_loss",
     "make_optimizer",
     "require_wire",
+    "ProtocolHooks",
+    "ReleasingParty",
 ]
 
 
@@ -95,10 +101,14 @@ class BackwardRule(Protocol):
         inputs: list[torch.Tensor],
         labels: torch.Tensor,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    ) -> float: ...
+        *,
+        rows: np.ndarray | None = None,
+    ) -> float:
+        """``rows``: the batch's training row ids (the label party's own bookkeeping, e.g. for a posterior per row)."""
+        ...
 
 
-def standard_backward(head, forward, inputs, labels, loss_fn) -> float:  # noqa: ANN001 - see BackwardRule
+def standard_backward(head, forward, inputs, labels, loss_fn, *, rows=None) -> float:  # noqa: ANN001 - see BackwardRule
     loss = loss_fn(forward(inputs), labels)
     loss.backward()
     return float(loss.detach())
@@ -153,6 +163,39 @@ class NoTags:
         return message
 
 
+class ReleasingParty(Protocol):
+    """A party whose model outputs leave it through a :class:`ReleaseRule` (feature parties, LASER-VFL's parties)."""
+
+    name: str
+
+    def install_release_rule(self, make: Callable[[nn.Module], ReleaseRule]) -> None:
+        """Release through ``make(model)``, built from the model whose outputs this party releases."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProtocolHooks:
+    """The public hook points an algorithm offers protocols (``Algorithm.protocol_hooks()``); what it lacks is None or
+    empty, and a protocol that needs it refuses the algorithm. Protocols install rules on these parties through their
+    hooks (``backward_rule``, ``use_training_labels``, ``tagger``, ``install_release_rule``), never by replacing a
+    party's methods or writing its private state.
+
+    ``label``: the one label party (its backward rule, training labels, tagger); ``feature_parties``: the feature
+    parties (tagger, release rule); ``releasing``: every party whose outputs a release rule governs, by name (default:
+    the feature parties); ``schedule``: the public batch order; ``predict``: the run's class probabilities on a split's
+    rows (e.g. rr-prior's second stage needs them on the training rows).
+    """
+
+    label: LabelParty | None = None
+    feature_parties: tuple[FeatureParty, ...] = ()
+    releasing: Mapping[str, ReleasingParty] | None = None
+    schedule: BatchSchedule | None = None
+    predict: Callable[[str], np.ndarray] | None = None
+
+    def releasing_parties(self) -> Mapping[str, ReleasingParty]:
+        return self.releasing if self.releasing is not None else {fp.name: fp for fp in self.feature_parties}
+
+
 class _Party:
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype) -> None:
         self.name = name
@@ -194,6 +237,10 @@ class FeatureParty(_Party):
 
     def rows(self, split: str) -> int:
         return int(self._x[split].shape[0])
+
+    def install_release_rule(self, make: Callable[[nn.Module], ReleaseRule]) -> None:
+        """A protocol's hook (:class:`ReleasingParty`): release the bottom model's outputs through ``make(model)``."""
+        self.release_rule = make(self.model)
 
     def forward(self, step: int, split: str, ids: np.ndarray, receiver: str, *, train: bool = True) -> Message:
         """Compute the bottom-model output on rows ``ids`` and wrap what the release rule lets out for ``receiver``."""
@@ -273,6 +320,17 @@ class LabelParty(_Party):
         y = self._y[split]
         return y if ids is None else y[torch.as_tensor(ids, device=self.device)]
 
+    def use_training_labels(self, labels: np.ndarray | torch.Tensor) -> None:
+        """A protocol's hook: train on ``labels`` (one per training row) from now on, e.g. label DP's released labels
+        (integer classes) or targets (float rows, in the party's dtype); ``labels("train")`` returns them. Validation
+        and test labels stay."""
+        values = torch.as_tensor(labels)
+        dtype = self.dtype if values.is_floating_point() else torch.long
+        if values.shape[0] != self._y["train"].shape[0]:
+            raise PartyIsolationError(f"{self.name}: {values.shape[0]} training labels for "
+                                      f"{self._y['train'].shape[0]} training rows")
+        self._y["train"] = torch.as_tensor(labels, dtype=dtype, device=self.device)
+
     def _inputs(self, inputs: Sequence[Message]) -> list[torch.Tensor]:
         return [
             require_wire(m, self.name).tensor(self.input_kind).to(device=self.device, dtype=self.dtype).requires_grad_(True)
@@ -303,7 +361,8 @@ class LabelParty(_Party):
         y = self.labels("train", ids)
         self.head.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.backward_rule(self.head, lambda t: self._forward(t, aggregated, input_scale), xs, y, self.loss_fn)
+        loss = self.backward_rule(self.head, lambda t: self._forward(t, aggregated, input_scale), xs, y, self.loss_fn,
+                                  rows=np.asarray(ids))
         self.optimizer.step()
         if aggregated:
             grads = [xs[0].grad] * len(senders)

@@ -1,9 +1,12 @@
-"""How protocol layers are switched on from the command line and attached to a run.
+"""How protocol layers are switched on from the command line and attached to a run, and where every option type is
+found.
 
-A :class:`ProtocolPlugin` adds its flags to ``secvfl train`` (their values land in ``TrainConfig.options``) and,
-given the resolved configuration and the algorithm's traits, returns a :class:`ProtocolSetup`: layers with their
-position in the stack, an aggregation, hooks on the run's parties, and facts for ``summary.json``. Algorithms never
-see plugins; they see only the network.
+A :class:`ProtocolPlugin` declares its options as one typed dataclass (``options_type``, see :mod:`secvfl.options`);
+``secvfl train`` generates its flags from it and ``TrainConfig`` validates and holds the values. Given the resolved
+configuration and the algorithm's traits, the plugin returns a :class:`ProtocolSetup`: layers with their position in
+the stack, an aggregation, hooks on the run's parties (through the algorithm's public
+:class:`~secvfl.parties.ProtocolHooks` only), and facts for ``summary.json``. Algorithms never see plugins; they see
+only the network.
 
 Discovery. Plugins are the entry points of the group ``secvfl.protocols`` (``[project.entry-points."secvfl.protocols"]``
 in pyproject.toml: ``name = "module:PluginClass"``), as pytest and Flower find theirs: the core never imports a
@@ -14,8 +17,9 @@ module cannot be imported (a dependency is not installed) is left out and rememb
 option no loaded plugin takes (a saved run's config.toml, a TOML file, library options) is refused in one line that
 names it and, when a plugin could not be loaded, why -- it never trains without the protocol it asked for.
 
-The algorithm families' own ``secvfl train`` flags (missing feature blocks, the saddle-point family) join through
-this mechanism too, from their family packages; they add no layer.
+Option types (:func:`option_groups`): the algorithm families' (``Algorithm.options_type``: ``--p-drop``,
+``--saddle-*``, ...; an option of another algorithm than the one run is refused) and the plugins'. Every option name
+belongs to one type.
 
 Stack positions (outbound order; inbound is the reverse): compression 10, differential privacy 20, secure channel 90
 (outermost: it encrypts whatever the inner layers produced).
@@ -23,15 +27,15 @@ Stack positions (outbound order; inbound is the reverse): compression 10, differ
 
 from __future__ import annotations
 
-import argparse
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from secvfl.errors import ConfigError, UnsupportedError
+from secvfl.options import Options, build_options, option_fields, option_names, option_values
 from secvfl.registry import Registry
 from secvfl.transport.layers import Aggregation, AlgorithmTraits, Layer
 
@@ -40,7 +44,8 @@ if TYPE_CHECKING:
     from secvfl.config import TrainConfig
 
 __all__ = ["ProtocolPlugin", "ProtocolSetup", "PROTOCOLS", "ENTRY_POINT_GROUP", "load_plugins", "unavailable_plugins",
-           "option_defaults", "check_options", "configure_protocols"]
+           "OptionGroup", "option_groups", "resolve_options", "option_defaults", "check_options",
+           "configure_protocols"]
 
 ENTRY_POINT_GROUP = "secvfl.protocols"
 
@@ -49,8 +54,12 @@ ENTRY_POINT_GROUP = "secvfl.protocols"
 class ProtocolSetup:
     layers: list[tuple[int, Layer]] = field(default_factory=list)
     aggregation: Aggregation | None = None
-    # Called once with the built algorithm, e.g. to install a per-sample backward rule on the label party.
+    # Called once with the built algorithm, e.g. to install a per-sample backward rule on the label party (through
+    # ``algorithm.protocol_hooks()``, never by reaching into the algorithm or a party).
     attach: list[Callable[[Algorithm], None]] = field(default_factory=list)
+    # Called by the runner with the epoch, after the layers' ``start_epoch`` and before the algorithm trains it (e.g.
+    # rr-prior's second stage releases labels from the model's predictions when its epoch comes).
+    before_epoch: list[Callable[[int], None]] = field(default_factory=list)
     # Merged into summary.json at the end of the run (e.g. {"privacy": {...}}); callables are evaluated then.
     summary: dict[str, Any] | Callable[[], dict[str, Any]] = field(default_factory=dict)
     # Called at the end with the run directory (or None); may write files and return text to print.
@@ -70,12 +79,9 @@ class ProtocolSetup:
 
 class ProtocolPlugin(ABC):
     name: str = "plugin"
-    # Options this plugin reads that have no flag of their own (library use), besides its flags' destinations.
-    extra_options: ClassVar[tuple[str, ...]] = ()
-
-    @abstractmethod
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add this protocol's flags (with defaults that switch it off)."""
+    # This plugin's options (their flags are generated from it; their defaults switch the protocol off); read them
+    # with ``cfg.options_for(type)``.
+    options_type: ClassVar[type[Options] | None] = None
 
     @abstractmethod
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
@@ -119,16 +125,74 @@ def unavailable_plugins() -> dict[str, str]:
     return dict(_unavailable)
 
 
+@dataclass(frozen=True)
+class OptionGroup:
+    """One options type: the plugin (by name) or the algorithm family (its algorithms) that reads it."""
+
+    options_type: type[Options]
+    title: str  # the --help section
+    algorithms: tuple[str, ...] | None  # an algorithm family's algorithms; None: a protocol's, for any algorithm
+
+
+def option_groups() -> list[OptionGroup]:
+    """Every options type: the algorithm families' (in algorithm name order), then the loaded plugins'."""
+    from secvfl.algorithms import algorithm_names, get_algorithm
+
+    families: dict[type[Options], list[str]] = {}
+    for name in algorithm_names():
+        kind = get_algorithm(name).options_type
+        if kind is not None:
+            families.setdefault(kind, []).append(name)
+    groups = [OptionGroup(k, k.title or k.__name__, tuple(algos)) for k, algos in families.items()]
+    groups += [OptionGroup(p.options_type, p.name, None) for p in load_plugins() if p.options_type is not None]
+    seen: dict[str, str] = {}
+    for g in groups:
+        for name in option_names(g.options_type):
+            if name in seen:
+                raise TypeError(f"option {name!r} is declared by both {seen[name]} and {g.options_type.__name__}")
+            seen[name] = g.options_type.__name__
+    return groups
+
+
+def resolve_options(algo: str, values: Mapping[str, Any]) -> tuple[dict[type[Options], Options], dict[str, Any],
+                                                                      list[str]]:
+    """Typed options from flat values by name (``TrainConfig.options``): one instance per option type, the canonical
+    flat values (every known option, typed; unknown names kept as given), and every problem found (wrong types,
+    ranges, rules between fields, an algorithm family's option given for another algorithm).
+
+    Names no type declares are refused by :func:`check_options` when they would switch a protocol on."""
+    groups = option_groups()
+    algorithms = _algorithm_names()
+    typed: dict[type[Options], Options] = {}
+    problems: list[str] = []
+    known: set[str] = set()
+    for g in groups:
+        names = option_names(g.options_type)
+        known |= names
+        given = {k: v for k, v in values.items() if k in names}
+        options, found = build_options(g.options_type, given)
+        problems += found
+        if g.algorithms is not None and algo in algorithms:  # an unknown algorithm is refused when the run is built
+            for f in option_fields(g.options_type):
+                applies = f.spec.algos or g.algorithms
+                if f.name in given and given[f.name] != f.default and algo not in applies:
+                    problems.append(f"{f.flag} applies to --algo {'/'.join(applies)} only, not {algo}")
+        if options is not None:
+            typed[g.options_type] = options
+    flat = {k: v for options in typed.values() for k, v in option_values(options).items()}
+    flat.update({k: v for k, v in values.items() if k not in known})
+    return typed, flat, problems
+
+
+def _algorithm_names() -> set[str]:
+    from secvfl.algorithms import algorithm_names
+
+    return set(algorithm_names())
+
+
 def option_defaults() -> dict[str, dict[str, Any]]:
-    """Plugin name -> {option: default} for every flag it adds (None for its :attr:`ProtocolPlugin.extra_options`)."""
-    load_plugins()
-    out = {}
-    for name in PROTOCOLS.names():
-        plugin = PROTOCOLS.get(name)
-        parser = argparse.ArgumentParser(add_help=False)
-        plugin.add_arguments(parser)
-        out[name] = {**{a.dest: a.default for a in parser._actions}, **dict.fromkeys(plugin.extra_options)}
-    return out
+    """Plugin name -> {option: default} for every option it declares."""
+    return {p.name: option_values(p.options_type()) for p in load_plugins() if p.options_type is not None}
 
 
 def _switches_on(value: Any) -> bool:
@@ -140,11 +204,11 @@ def _switches_on(value: Any) -> bool:
     return value is True
 
 
-def check_options(cfg: TrainConfig) -> None:
-    """Refuse a configuration that switches on an option no loaded plugin takes (its plugin is not installed, or
-    could not be loaded), instead of training without the protocol it asks for."""
-    known = {dest for defaults in option_defaults().values() for dest in defaults}
-    asked = {k: v for k, v in cfg.options.items() if k not in known and _switches_on(v)}
+def check_options(options: Mapping[str, Any]) -> None:
+    """Refuse option values that switch on an option no loaded plugin or algorithm family takes (its plugin is not
+    installed, or could not be loaded), instead of training without the protocol they ask for."""
+    known = {name for g in option_groups() for name in option_names(g.options_type)}
+    asked = {k: v for k, v in options.items() if k not in known and _switches_on(v)}
     if not asked:
         return
     listed = ", ".join(f"--{k.replace('_', '-')} {v!r}" for k, v in sorted(asked.items()))
@@ -160,10 +224,19 @@ def check_options(cfg: TrainConfig) -> None:
 
 
 def configure_protocols(cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> list[ProtocolSetup]:
-    check_options(cfg)
-    setups = [s for p in load_plugins() if (s := p.configure(cfg, traits, ctx)) is not None]
-    aggregations = [s.aggregation for s in setups if s.aggregation is not None]
+    """Every requested protocol's setup. A run has one aggregation: protocols that each bring one (CKKS, masking)
+    are refused together here, the one place that rule lives."""
+    owners: list[tuple[str, ProtocolSetup]] = []  # (the flag that switched it on, its setup)
+    for plugin in load_plugins():
+        setup = plugin.configure(cfg, traits, ctx)
+        if setup is not None:
+            kind = plugin.options_type
+            owners.append((option_fields(kind)[0].flag if kind is not None else plugin.name, setup))
+    aggregations = [(name, s.aggregation) for name, s in owners if s.aggregation is not None]
     if len(aggregations) > 1:
-        names = ", ".join(a.name for a in aggregations)
-        raise UnsupportedError(f"only one secure aggregation can be used at a time, got {names}; choose one")
-    return setups
+        for _, aggregation in aggregations:
+            aggregation.close()
+        names = " and ".join(f"the {a.name} aggregation ({flag})" for flag, a in aggregations)
+        raise UnsupportedError(f"{names} both replace how the parties' outputs are added and cannot be combined; "
+                               "choose one")
+    return [s for _, s in owners]

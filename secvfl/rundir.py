@@ -13,7 +13,7 @@ from pathlib import Path
 from secvfl.checkpoint import has_checkpoint
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError
-from secvfl.io import save_figure_atomic
+from secvfl.plotting import new_figure, save_figure_atomic
 
 __all__ = ["RUNS_DIR_ENV", "runs_root", "dataset_label", "default_run_dir", "check_out_dir", "writing", "write_curves"]
 
@@ -100,8 +100,6 @@ def write_curves(path: Path, history: list[dict], cfg: TrainConfig) -> None:
 
     A run whose training loss is private (label DP: it is computed from the true labels) has no loss panel.
     """
-    from matplotlib.figure import Figure
-
     epochs = [h["epoch"] for h in history]
     panels = []
     if history and all(h.get("train_loss") is not None for h in history):
@@ -109,7 +107,7 @@ def write_curves(path: Path, history: list[dict], cfg: TrainConfig) -> None:
     metric = next((k for k in ("val_auc", "val_accuracy") if history and all(k in h for h in history)), None)
     if metric:
         panels.append((metric, metric[4:], f"validation {metric[4:]}", "tab:green"))
-    fig = Figure(figsize=(4.5 * max(1, len(panels)), 3.4))
+    fig = new_figure((4.5 * max(1, len(panels)), 3.4))
     axes = fig.subplots(1, max(1, len(panels)), squeeze=False)[0]
     for ax, (key, ylabel, title, colour) in zip(axes, panels, strict=False):
         ax.plot(epochs, [h[key] for h in history], marker="o", color=colour)

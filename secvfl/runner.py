@@ -63,8 +63,8 @@ def resolve_device(name: str) -> torch.device:
 def limit_threads(n: int) -> None:
     """``--threads`` bounds torch's intra-op pool and numpy/scipy's BLAS pools alike.
 
-    The linear algorithms spend their time in BLAS, which otherwise starts one thread per core: on a shared 2-core
-    machine an a9a EG run took 299 s with BLAS's default threads against 26 s with one.
+    The linear algorithms spend their time in BLAS, which otherwise starts one thread per core and, on a machine
+    shared with other jobs, runs far slower than with one (BENCHMARKS.md, "BLAS threads").
     """
     from threadpoolctl import threadpool_limits
 
@@ -291,6 +291,8 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
                 if kill_at is not None and epoch * per_epoch + batch == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
 
+            for hook in (h for s in run.setups for h in s.before_epoch):
+                hook(epoch)
             train = run.algorithm.train_epoch(epoch, tick)
             if not math.isfinite(train["loss"]):
                 raise _diverged(cfg, run_dir, epoch, None, train["loss"])

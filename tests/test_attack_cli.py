@@ -197,9 +197,9 @@ def test_plot_titles_fit_in_the_figure(plot: str, tmp_path: Path, monkeypatch: p
     title = ("norm scoring on csv:/data/exports/2024/quarterly/risk-team/loan_applications_with_outcomes_final_v3"
              ".csv:defaulted (splitnn, attacker party0)")
     checked: list[int] = []
-    save = plots._save
+    save = plots.save_figure_atomic
 
-    def check_then_save(plt, fig, path):  # noqa: ANN001, ANN202
+    def check_then_save(fig, path):  # noqa: ANN001, ANN202
         fig.tight_layout()
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
@@ -208,9 +208,9 @@ def test_plot_titles_fit_in_the_figure(plot: str, tmp_path: Path, monkeypatch: p
             box = t.get_window_extent(renderer)
             assert box.x0 >= -1 and box.x1 <= fig.bbox.width + 1 and box.y1 <= fig.bbox.height + 1, t.get_text()
         checked.append(len(texts))
-        return save(plt, fig, path)
+        return save(fig, path)
 
-    monkeypatch.setattr(plots, "_save", check_then_save)
+    monkeypatch.setattr(plots, "save_figure_atomic", check_then_save)
     rng = np.random.default_rng(0)
     path = tmp_path / "p.png"
     if plot == "label_scores":

@@ -123,10 +123,11 @@ def test_defence_specs_and_the_undefended_reference() -> None:
         defence_options("dpp:3")
     with pytest.raises(ConfigError, match="number"):
         defence_options("dp:x")
-    cfg = TrainConfig(options={"privacy": "dp", "epsilon": 3.0, "dp_mechanism": "rr", "class_balanced": True})
+    cfg = TrainConfig(algo="laser", options={"privacy": "dp", "epsilon": 3.0, "dp_mechanism": "rr",
+                                             "class_balanced": True})
     plain = undefended(cfg)
-    assert plain.option("privacy") == "none" and plain.option("epsilon") is None
-    assert plain.option("class_balanced") is True  # not a defence: kept
+    assert plain.options["privacy"] == "none" and plain.options["epsilon"] is None
+    assert plain.options["class_balanced"] is True  # an algorithm's option, not a defence: kept
 
 
 def test_recorded_view_round_trips_through_the_wire_format(tmp_path: Path) -> None:

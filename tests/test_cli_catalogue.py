@@ -397,6 +397,43 @@ CASES: list[Case] = [
          "--quantum-link 'on': no installed protocol plugin takes this option",
          setup=_all(_trained_with(), _append("run/config.toml", 'quantum_link = "on"\n')),  # [options] is last
          id="resume-run-whose-protocol-plugin-is-not-installed"),
+    # -- area: options and hooks (cases added below this line) --
+    Case((*_TRAIN, "--p-drop", "0.3"), "--p-drop applies to --algo plugvfl only, not splitnn",
+         id="option-of-another-algorithm"),
+    Case((*_TRAIN, "--algo", "laser", "--p-drop", "0.3"), "--p-drop applies to --algo plugvfl only, not laser",
+         id="option-of-another-algorithm-of-the-family"),
+    Case((*_TRAIN, "--class-balanced"), "--class-balanced applies to --algo combinatorial/ensemble/laser/",
+         id="class-balanced-outside-the-missing-family"),
+    Case((*_TRAIN, "--algo", "plugvfl", "--p-drop", "1"), "--p-drop must be in [0, 1), got 1.0", id="p-drop-1"),
+    Case((*_TRAIN, "--algo", "gd", "--saddle-step", "theory"), "--saddle-step applies to --algo eg only, not gd",
+         id="saddle-step-outside-eg"),
+    Case((*_TRAIN, "--algo", "eg", "--admm-rho", "2"), "--admm-rho applies to --algo admm only, not eg",
+         id="admm-rho-outside-admm"),
+    Case((*_TRAIN, "--algo", "eg-mlp", "--saddle-iters", "5"),
+         "--saddle-iters applies to --algo eg/gd/nesterov/admm only, not eg-mlp", id="saddle-iters-for-eg-mlp"),
+    Case((*_TRAIN, "--algo", "eg", "--saddle-participation", "0"), "--saddle-participation must be in (0, 1], got 0.0",
+         id="saddle-participation-0"),
+    Case((*_TRAIN, "--algo", "eg", "--saddle-batch", "-1"), "--saddle-batch must be an integer >= 0 (0: full batch), "
+         "got -1", id="saddle-batch-negative"),
+    Case((*_TRAIN, "--algo", "vafl", "--he", "ckks", "--ckks-workers", "-1"),
+         "--ckks-workers must be a non-negative integer, got -1", id="ckks-workers-negative"),
+    Case((*_TRAIN, "--algo", "vafl", "--he", "ckks", "--secagg", "mask"),
+         "the ckks aggregation (--he) and the mask aggregation (--secagg) both replace how the parties' outputs are "
+         "added and cannot be combined; choose one", id="two-aggregations"),
+    Case((*_TRAIN, "--algo", "vafl", "--secagg", "mask", "--compress", "topk:0.1"),
+         "compress: forward compression (topk:0.1) cannot be combined with the mask aggregation, which masks each "
+         "party's dense embedding", id="forward-compression-under-masking"),
+    Case(("train", "--config", "{tmp}/c.toml"), "saddle_iters = 2.5 is a float, but --saddle-iters takes an integer",
+         setup=_write("c.toml", 'algo = "eg"\n[options]\nsaddle_iters = 2.5\n'), id="toml-algorithm-option-type"),
+    Case(("train", "--config", "{tmp}/c.toml"), 'p_drop = "0.3" is a string, but --p-drop takes a number',
+         setup=_write("c.toml", 'algo = "plugvfl"\np_drop = "0.3"\n'), id="toml-algorithm-option-string"),
+    Case(("train", "--resume", "{tmp}/run", "--epochs", "2"), "--secure-channel must be a boolean, got 'false' (str)",
+         setup=_all(_trained_with(), lambda tmp: (tmp / "run/config.toml").write_text(
+             (tmp / "run/config.toml").read_text().replace("secure_channel = false", 'secure_channel = "false"'))),
+         id="resume-saved-option-of-the-wrong-type"),
+    Case(("train", "--resume", "{tmp}/run", "--epochs", "2", "--p-drop", "0.2"),
+         "changes --p-drop 0.2 (the run has 0.3)", setup=_trained_with("--algo", "plugvfl", "--p-drop", "0.3"),
+         id="resume-changed-algorithm-option"),
 ]
 
 

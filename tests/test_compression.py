@@ -28,7 +28,7 @@ from protocols.compression import (
 )
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import Message, encode, header_size
-from secvfl.transport.layers import AlgorithmTraits, Role
+from secvfl.transport.layers import AlgorithmTraits, PlainAggregation, Role, check_stack
 from secvfl.transport.network import Network
 
 TRAITS = AlgorithmTraits("splitnn", "concat")
@@ -225,23 +225,33 @@ def test_directions_follow_the_traits():
     assert torch.equal(net.receive("a").tensor("gradient"), x)
 
 
+def _secure_aggregation(name: str):
+    if name == "ckks":
+        from protocols.ckks import CKKSAggregation
+
+        return CKKSAggregation()
+    from protocols.secagg import MaskedAggregation
+
+    return MaskedAggregation()
+
+
 @pytest.mark.parametrize("agg", ["ckks", "mask"])
 def test_forward_compression_is_refused_under_secure_aggregation(agg):
-    layer = CompressionLayer("topk:0.1", None, aggregation=agg)
-    problems = layer.check(SUM_TRAITS)
-    assert problems and "cannot be combined" in problems[0] and "--compress-backward" in problems[0]
-    with pytest.raises(UnsupportedError):
-        _net("topk:0.1", None, traits=SUM_TRAITS, aggregation=agg)
+    # the aggregation declares that it adds dense tensors only; check_stack refuses the pair, naming the fix
+    with pytest.raises(UnsupportedError, match=rf"(?s)compress: forward compression \(topk:0.1\) cannot be combined "
+                                               rf"with the {agg} aggregation.*--compress-backward"):
+        check_stack([CompressionLayer("topk:0.1", None)], SUM_TRAITS, _secure_aggregation(agg))
     # backward compression stays valid: the label party's gradients are plaintext
-    assert CompressionLayer(None, "topk:0.1", aggregation=agg).check(SUM_TRAITS) == []
+    check_stack([CompressionLayer(None, "topk:0.1")], SUM_TRAITS, _secure_aggregation(agg))
+    # what the layer declares: forward compression encodes the outputs, backward compression leaves them dense
+    assert CompressionLayer("topk:0.1", None).encoded_outputs(SUM_TRAITS) is not None
+    assert CompressionLayer(None, "topk:0.1").encoded_outputs(SUM_TRAITS) is None
 
 
-def test_plugin_refuses_forward_compression_with_he_flag():
-    from protocols.compression import secure_aggregation_name, specs_from_options
+def test_plain_aggregation_adds_compressed_outputs_and_specs_resolve():
+    from protocols.compression import specs_from_options
 
-    assert secure_aggregation_name({"he": "ckks"}) == "ckks"
-    assert secure_aggregation_name({"secagg": "mask"}) == "mask"
-    assert secure_aggregation_name({}) == "plain"
+    check_stack([CompressionLayer("topk:0.1", None)], SUM_TRAITS, PlainAggregation())  # no refusal
     f, b = specs_from_options("topk:0.1+ef", None, "quant:8")
     assert str(f) == "topk:0.1+ef" and str(b) == "quant:8"
 

@@ -21,12 +21,10 @@ def _grads_through_parties(run, ids):
     lp.optimizer.step = lambda *a, **k: captured.update({f"head.{n}": p.grad.clone() for n, p in lp.head.named_parameters()})
     from secvfl.algorithms.base import LABEL_PARTY
 
-    received = algo._deliver(algo._forward_all("train", ids, train=True))
-    _, grads = lp.train_step(0, ids, received, algo.names, aggregated=algo.traits.aggregation != "concat",
-                             input_scale=algo._scale("train", ids))
-    run.net.send(*grads)
-    for fp in algo.feature_parties:
-        fp.backward(run.net.receive(fp.name, kind="gradient", sender=LABEL_PARTY))
+    present = algo._forward_all("train", ids, train=True)
+    algo.label_handle.train_step(0, ids, present, input_scale=algo._scale("train", ids))
+    for h in algo.feature_handles:
+        h.backward(sender=LABEL_PARTY)
     return captured
 
 

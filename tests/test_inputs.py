@@ -129,7 +129,9 @@ _VALUES = {  # flag dest -> (strategy of TOML values, command-line text of a val
     "seed": (st.integers(0, 2**32 - 1), str),
     "secagg_frac_bits": (st.integers(0, 60), str),  # a plugin's flag
     "lr": (st.one_of(st.integers(1, 100), st.floats(1e-9, 10.0)), str),  # an integer is fine for a float flag
-    "epsilon": (st.floats(0.01, 100.0), str),  # a plugin's flag with its own parsing function
+    "epsilon": (st.floats(0.01, 100.0), str),  # a plugin's flag
+    "p_drop": (st.floats(0.0, 0.99), str),  # an algorithm family's flags
+    "saddle_iters": (st.integers(1, 10**4), str),
     "hidden": (st.lists(st.integers(1, 512), max_size=4), lambda v: ",".join(map(str, v))),
     "p_miss_train": (st.one_of(st.floats(0.0, 0.99), st.just("beta:2,2")), str),
     "optimizer": (st.sampled_from(["adam", "sgd", "adamw"]), str),

@@ -5,7 +5,8 @@ party's state through ANY chain of references. "Another party's state", from par
 
 1. another party object (any value of ``algorithm.parties()`` but P);
 2. the coordinators, which hold every party: the Algorithm, its RunContext and Dataset (every party's features
-   and the labels), the Run, the Network, its transport (every party's undelivered messages) and its layers and
+   and the labels), the Run, the party handles (the algorithm's way to its parties: each one holds its party and the
+   Network), the Network, its transport (every party's undelivered messages) and its layers and
    aggregation (per-party protocol state of every party: error-feedback memories, DP mechanisms with the models
    they protect, CKKS contexts with the secret key, masking and channel keys);
 3. a private object of another party: a tensor, array, module, optimiser, random generator, key object (TenSEAL,
@@ -35,8 +36,8 @@ The walk: breadth first over ``gc.get_referents`` (instance dicts and slots, con
 The walk does not go through forbidden objects (it reports them) and is bounded: a walk that exceeds
 MAX_OBJECTS fails instead of passing unchecked. The network holds no party itself, but its layers do (DP's label
 installers, every party's CKKS context, channel and masking keys), so a party holding it would reach them all.
-Parties never send or receive themselves (the algorithm moves their messages through the network), so no party
-needs the network, nor a per-party endpoint of it.
+Parties never send or receive themselves (their handles move their messages through the network), so no party
+needs the network, nor a per-party endpoint of it, nor a handle (its own holds the network).
 """
 
 from __future__ import annotations
@@ -109,11 +110,12 @@ _KEY_MODULES = ("tenseal", "_tenseal_cpp", "_sealapi_cpp", "cryptography")
 def _forbidden_types() -> tuple[type, ...]:
     from secvfl.algorithms.base import Algorithm, RunContext
     from secvfl.data import Dataset
+    from secvfl.handles import PartyHandle
     from secvfl.runner import Run
     from secvfl.transport import Network, Transport
     from secvfl.transport.layers import Aggregation, Layer
 
-    return (Algorithm, RunContext, Dataset, Run, Network, Transport, Layer, Aggregation)
+    return (Algorithm, RunContext, Dataset, Run, PartyHandle, Network, Transport, Layer, Aggregation)
 
 
 def _autograd_children(node: Any) -> list[Any]:
@@ -346,6 +348,16 @@ def test_a_hook_holding_another_party_is_caught() -> None:
     party0, party1 = run.algorithm.feature_parties
     party0.tagger.leak = party1
     assert "party0 reaches party party1" in isolation_violations(run)
+
+
+def test_a_hook_holding_a_party_handle_is_caught() -> None:
+    """A handle holds its party and the network: a party reaching one (another's, or its own) is reported."""
+    run = _trained()
+    party0 = run.algorithm.feature_parties[0]
+    party0.tagger.leak = run.algorithm.feature_handles[1]
+    assert "party0 reaches the coordinating FeatureHandle" in isolation_violations(run)
+    party0.tagger.leak = run.algorithm.feature_handles[0].forward  # a bound request holds the handle
+    assert "party0 reaches the coordinating FeatureHandle" in isolation_violations(run)
 
 
 def test_a_hook_holding_the_algorithm_or_a_layer_through_a_method_or_closure_is_caught() -> None:

@@ -187,7 +187,6 @@ class LabelDPRule:
         # optional post-processing (residual mode, bce/ce): soft labels from all of a sample's releases so far
         self.posterior: LabelPosterior | None = None
         self.posterior_rows: int | None = None
-        self.batch_ids: np.ndarray | None = None
         if posterior_rows is not None:
             if self.mode != "residual" or self.loss not in ("bce", "ce"):
                 raise UnsupportedError("the label posterior needs --dp-clip residual and a bce or ce loss")
@@ -255,8 +254,10 @@ class LabelDPRule:
         inputs: list[torch.Tensor],
         labels: torch.Tensor,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        rows: np.ndarray | None = None,
     ) -> LabelDPStep:
-        """Privatised gradients for one batch (nothing is written into ``.grad``)."""
+        """Privatised gradients for one batch (nothing is written into ``.grad``); ``rows``: the batch's training row
+        ids (needed by the posterior)."""
         if id(head) not in self._checked:
             check_dp_module(head, "label party's head")
             self._checked.add(id(head))
@@ -270,7 +271,7 @@ class LabelDPRule:
             if not x.requires_grad:
                 raise ConfigError("label DP needs head inputs that require grad")
         if self.mode == "residual":
-            return self._residual_step(head, forward, inputs, labels, loss_fn)
+            return self._residual_step(head, forward, inputs, labels, loss_fn, rows)
         logits, input_jacs, args = self._jacobians(head, forward, inputs)
         with torch.no_grad():
             loss = float(loss_fn(logits, labels))
@@ -318,6 +319,7 @@ class LabelDPRule:
         inputs: list[torch.Tensor],
         labels: torch.Tensor,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        rows: np.ndarray | None = None,
     ) -> LabelDPStep:
         """``residual`` mode: noise the per-sample ``d loss / d z`` once, back-propagate the noisy residuals."""
         b = labels.shape[0]
@@ -340,13 +342,12 @@ class LabelDPRule:
             self.posterior = LabelPosterior(self.posterior_rows, r.shape[1], self.noise_std)
         if self.posterior is not None:
             # post-processing: the release is an observation of the label; train on the posterior soft label
-            if self.batch_ids is None or len(self.batch_ids) != b:
-                raise ConfigError("label DP with a posterior needs the batch's row ids (set rule.batch_ids)")
+            if rows is None or len(rows) != b:
+                raise ConfigError("label DP with a posterior needs the batch's row ids (the label party's rows=)")
             base = (torch.sigmoid(logits.detach().to(torch.float64).reshape(b, 1)) if self.loss == "bce"
                     else torch.softmax(logits.detach().to(torch.float64).reshape(b, -1), dim=1))
-            self.posterior.update(self.batch_ids, base - noisy)
-            noisy = base - self.posterior.soft_labels(self.batch_ids)
-            self.batch_ids = None
+            self.posterior.update(rows, base - noisy)
+            noisy = base - self.posterior.soft_labels(rows)
         params = [(n, p) for n, p in head.named_parameters() if p.requires_grad]
         grads = torch.autograd.grad(
             logits, [*inputs, *(p for _, p in params)],
@@ -369,8 +370,10 @@ class LabelDPRule:
         inputs: list[torch.Tensor],
         labels: torch.Tensor,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        rows: np.ndarray | None = None,
     ) -> float:
-        out = self.step(head, forward, inputs, labels, loss_fn)
+        out = self.step(head, forward, inputs, labels, loss_fn, rows)
         for x, g in zip(inputs, out.input_grads, strict=True):
             x.grad = g
         for n, p in head.named_parameters():

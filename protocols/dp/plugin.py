@@ -29,10 +29,10 @@ on when finishing would spend more than its budget, counting what interrupted pr
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -40,9 +40,9 @@ import numpy as np
 import torch
 
 from protocols.dp.alibi import alibi_soft_labels
-from protocols.dp.choice import GRADIENT_ONLY_FLAGS, choose_mechanism
+from protocols.dp.choice import choose_mechanism
 from protocols.dp.collapse import chance_accuracy, utility_collapse
-from protocols.dp.config import LABEL_RELEASE_MECHANISMS, MECHANISM_WORDS, DPConfig, DPPlan, plan_dp
+from protocols.dp.config import LABEL_RELEASE_MECHANISMS, DPPlan, plan_dp
 from protocols.dp.feature_dp import FeatureDP
 from protocols.dp.label_dp import LabelDPRule
 from protocols.dp.ledger import (
@@ -53,6 +53,7 @@ from protocols.dp.ledger import (
     repeated_releases,
     replay_key,
 )
+from protocols.dp.options import DPOptions
 from protocols.dp.private import PARTY_DIRS, STAGE2_FILE, TrainLossKeeper, party_dir
 from protocols.dp.rng import NoiseSource, make_noise_source
 from protocols.dp.rr import randomized_response
@@ -62,6 +63,7 @@ from protocols.dp.targets import TargetBackward
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.io import write_json_atomic
 from secvfl.messages import Message
+from secvfl.parties import ProtocolHooks
 from secvfl.plugins import ProtocolPlugin, ProtocolSetup
 from secvfl.transport.layers import AlgorithmTraits, Layer, Role, Topology
 
@@ -70,57 +72,7 @@ if TYPE_CHECKING:
     from secvfl.config import TrainConfig
     from secvfl.transport.network import Network
 
-__all__ = ["DPLayer", "DPPlugin", "dp_config_from_options", "DP_FLAGS"]
-
-# option name (argparse dest) -> flag, for "this flag needs --privacy dp" messages
-DP_FLAGS = {
-    "epsilon": "--epsilon",
-    "delta": "--delta",
-    "noise_multiplier": "--noise-multiplier",
-    "dp_protect": "--dp-protect",
-    "dp_mechanism": "--dp-mechanism",
-    "dp_clip_norm": "--dp-clip-norm",
-    "dp_grad_clip_norm": "--dp-grad-clip-norm",
-    "dp_clip": "--dp-clip",
-    "dp_accountant": "--dp-accountant",
-    "dp_reproducible": "--dp-reproducible",
-    "dp_head_weight": "--dp-head-weight",
-    "dp_parties": "--dp-parties",
-    "dp_denoise": "--dp-denoise",
-    "dp_stage1_fraction": "--dp-stage1-fraction",
-    "dp_accept_epsilon": "--dp-accept-epsilon",
-}
-
-
-def _epsilon(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--epsilon takes a number, got {text!r}") from None
-
-
-def dp_config_from_options(cfg: TrainConfig) -> DPConfig:
-    """The :class:`DPConfig` a run's options ask for (unset options take their defaults)."""
-    o = cfg.option
-
-    def num(name: str) -> float | None:
-        v = o(name)
-        return None if v is None else float(v)
-
-    return DPConfig(
-        mechanism=o("dp_mechanism") or "auto",
-        protects=o("dp_protect") or "labels",
-        epsilon=num("epsilon"),
-        delta=num("delta"),
-        noise_multiplier=num("noise_multiplier"),
-        clip_norm=float(o("dp_clip_norm") if o("dp_clip_norm") is not None else 1.0),
-        gradient_clip_norm=num("dp_grad_clip_norm"),
-        clip=o("dp_clip") or "auto",
-        accountant=o("dp_accountant") or "rdp",
-        reproducible=bool(o("dp_reproducible")),
-        head_weight=float(o("dp_head_weight") if o("dp_head_weight") is not None else 1.0),
-        stage1_fraction=float(o("dp_stage1_fraction") if o("dp_stage1_fraction") is not None else 0.5),
-    )
+__all__ = ["DPLayer", "DPPlugin", "FeatureDPRelease"]
 
 
 class DPLayer(Layer):
@@ -381,94 +333,48 @@ class FeatureDPRelease:
 
 class DPPlugin(ProtocolPlugin):
     name = "differential privacy"
-
-    def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--privacy", choices=["none", "dp"], default="none",
-                       help="dp: differential privacy for what crosses party boundaries (see --dp-protect)")
-        p.add_argument("--epsilon", type=_epsilon, default=None,
-                       help="privacy budget; calibrates the noise for the configured epochs before training")
-        p.add_argument("--delta", type=float, default=None,
-                       help="DP delta (default min(1e-5, 1/(10 N)); must be below 1/N)")
-        p.add_argument("--noise-multiplier", type=float, default=None,
-                       help="noise std / sensitivity; overrides --epsilon and reports the epsilon it spends")
-        p.add_argument("--dp-protect", choices=["labels", "features"], default=None,
-                       help="labels (default): each label, from the feature parties; features: each feature row "
-                            "of the protected parties, from everyone else")
-        p.add_argument("--dp-mechanism", choices=["auto", "gradient", "rr", "rr-prior", "alibi"], default=None,
-                       help="auto (default): the best measured for the task (binary: rr; multi-class: rr-prior, or "
-                            "rr when there are too few labels for a learned prior); "
-                            "gradient: noised label gradients; rr: randomized response on the labels before "
-                            "training; rr-prior: randomized response with a prior learned in two stages (Ghazi et al.); "
-                            "alibi: Laplace noise on one-hot labels, trained on the posterior (Malek et al.); "
-                            "rr, rr-prior and alibi are pure epsilon-DP")
-        p.add_argument("--dp-stage1-fraction", type=float, default=None,
-                       help="rr-prior: share of the training rows randomised in stage 1 (default 0.5)")
-        p.add_argument("--dp-clip-norm", type=float, default=None,
-                       help="per-sample joint L2 clip norm C (labels) or embedding-row clip (features); default 1")
-        p.add_argument("--dp-grad-clip-norm", type=float, default=None,
-                       help="features: per-sample bottom-model gradient clip (default: --dp-clip-norm)")
-        p.add_argument("--dp-clip", choices=["auto", "jacobian", "gradient"], default=None,
-                       help="labels: clip the logit Jacobian (auto/jacobian, sensitivity C) or the loss gradient "
-                            "(sensitivity 2C)")
-        p.add_argument("--dp-accountant", choices=["rdp", "prv", "gdp"], default=None,
-                       help="rdp (default, Opacus), prv (Opacus PRV, tighter) or gdp (exact for these releases)")
-        p.add_argument("--dp-reproducible", action="store_true", default=None,
-                       help="seeded noise instead of the secure generator (debugging only; the summary says so)")
-        p.add_argument("--dp-head-weight", type=float, default=None,
-                       help="labels/gradient: weight of the head's part in the joint clipping (default 1)")
-        p.add_argument("--dp-denoise", choices=["none", "posterior"], default=None,
-                       help="labels/gradient (residual): train on Bayesian soft labels combining all of a sample's "
-                            "noisy releases so far (post-processing, no privacy cost)")
-        p.add_argument("--dp-parties", default=None,
-                       help="features: comma-separated feature parties that protect their rows (default: all)")
-        p.add_argument("--dp-accept-epsilon", type=float, default=None, metavar="E",
-                       help="finish a run whose releases were repeated after a crash (see the release ledger) even "
-                            "though that spends more than planned, up to epsilon E (default: refuse); may be given "
-                            "with --resume")
+    options_type = DPOptions
 
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
-        privacy = cfg.option("privacy") or "none"
-        if privacy != "dp":
-            given = [flag for dest, flag in DP_FLAGS.items() if cfg.option(dest) not in (None, False)]
-            if given:
-                raise ConfigError(f"{', '.join(given)} only take effect with --privacy dp; add it or drop them")
+        options = cfg.options_for(DPOptions)
+        if options.privacy != "dp":  # DP flags without --privacy dp were refused with the options
             return None
-        config = dp_config_from_options(cfg)
+        config = options.config()
         if config.epsilon is not None and math.isinf(config.epsilon):
             raise ConfigError("--epsilon inf means no privacy: run with --privacy none instead")
         n_classes = ctx.data.n_classes
         if config.mechanism == "auto":
-            given = [DP_FLAGS[d] for d in DP_FLAGS if DP_FLAGS[d] in GRADIENT_ONLY_FLAGS and cfg.option(d) is not None]
             config.mechanism, config.auto_reason = choose_mechanism(
                 protects=config.protects, n_classes=n_classes, epochs=cfg.epochs, epsilon=config.epsilon,
-                n_train=ctx.rows("train"), gradient_flags=given)
-        _refuse_inapplicable(cfg, config)
+                n_train=ctx.rows("train"), gradient_flags=options.gradient_flags())
+        problems = options.inapplicable(config)
+        if problems:
+            raise ConfigError("; ".join(problems))
         plan = plan_dp(config, n_train=ctx.rows("train"), epochs=cfg.epochs, batch_size=cfg.batch_size,
                        loss="bce" if n_classes == 2 else "ce")
-        if plan.clip_norm_unused and cfg.option("dp_clip_norm") is not None:
+        if plan.clip_norm_unused and options.dp_clip_norm is not None:
             plan.notes.append("--dp-clip-norm has no effect here: the residual of a cross-entropy loss is bounded "
                               "by the loss itself")
-        if plan.clip_mode == "residual" and cfg.option("dp_head_weight") is not None:
+        if plan.clip_mode == "residual" and options.dp_head_weight is not None:
             plan.notes.append("--dp-head-weight has no effect with --dp-clip residual")
         noise = make_noise_source(reproducible=config.reproducible, seed=cfg.seed)
         protected: list[str] = []
         feature_names = [f"party{i}" for i in range(ctx.partition.n_blocks)]
         if config.protects == "features":
-            wanted = cfg.option("dp_parties")
+            wanted = options.dp_parties
             protected = [p.strip() for p in wanted.split(",") if p.strip()] if wanted else feature_names
             unknown = sorted(set(protected) - set(feature_names))
             if unknown:
                 raise ConfigError(f"--dp-parties: unknown parties {unknown}; feature parties are {feature_names}")
-        elif cfg.option("dp_parties"):
-            raise ConfigError("--dp-parties applies to --dp-protect features only")
-        accepted = cfg.option("dp_accept_epsilon")
+        accepted = options.dp_accept_epsilon
         limit = _budget(plan, accepted)
         replay = replay_key(secure=noise.secure, device=str(ctx.device), threads=cfg.threads)
         layer = DPLayer(plan, secure_rng=noise.secure, protected=protected, replay=replay)
         problems = layer.check(traits)
         if problems:
             raise UnsupportedError(f"--privacy dp is not valid for algorithm {traits.name!r}: " + "; ".join(problems))
-        attach = [lambda algo: _attach(algo, layer, plan, noise, cfg, n_classes)]
+        before_epoch: list[Callable[[int], None]] = []
+        attach = [lambda algo: _attach(algo, layer, plan, noise, cfg, n_classes, before_epoch)]
         # the gradient mechanism's training loss is computed from the true labels: the label party keeps it
         keeper = TrainLossKeeper() if plan.protects == "labels" and plan.mechanism == "gradient" else None
 
@@ -544,7 +450,8 @@ class DPPlugin(ProtocolPlugin):
             return "\n".join([text, *warnings])
 
         return ProtocolSetup(layers=[(20, layer)], attach=attach, summary=summary, on_finish=[finish],
-                             on_summary=[check_utility], on_start=[start], private_loss=keeper)
+                             on_summary=[check_utility], on_start=[start], private_loss=keeper,
+                             before_epoch=before_epoch)
 
 
 # Relative slack when comparing epsilons: the same releases give the same float, so this only absorbs rounding.
@@ -558,9 +465,7 @@ def _budget(plan: DPPlan, accepted: float | None) -> float:
     planned = float(c.epsilon) if c.epsilon is not None and c.noise_multiplier is None else plan.epsilon
     if accepted is None:
         return planned
-    if not (math.isfinite(accepted) and accepted > 0):
-        raise ConfigError(f"--dp-accept-epsilon must be a finite number > 0, got {accepted}")
-    if accepted < planned:
+    if accepted < planned:  # (finite and > 0: checked with the options)
         raise ConfigError(f"--dp-accept-epsilon {accepted:g} is below the planned epsilon {planned:.4g}: it can only "
                           "allow a run to spend more than planned; drop it")
     return float(accepted)
@@ -602,80 +507,37 @@ def _check_budget(layer: DPLayer, limit: float, run_dir: Path | None, trained: i
     )
 
 
-def _refuse_inapplicable(cfg: TrainConfig, config: DPConfig) -> None:
-    """Flags that would be silently ignored by the chosen mechanism are refused, so nobody believes they applied."""
-    o = cfg.option
-    problems = []
-    labels_gradient = config.protects == "labels" and config.mechanism == "gradient"
-    if o("dp_denoise") == "posterior" and not (labels_gradient and config.clip in ("auto", "residual")):
-        problems.append("--dp-denoise posterior works with --dp-protect labels --dp-mechanism gradient --dp-clip "
-                        "residual only")
-    if o("dp_grad_clip_norm") is not None and config.protects != "features":
-        problems.append("--dp-grad-clip-norm applies to --dp-protect features only")
-    if o("dp_clip") is not None and not labels_gradient:
-        problems.append("--dp-clip applies to --dp-protect labels --dp-mechanism gradient only")
-    if o("dp_head_weight") is not None and not labels_gradient:
-        problems.append("--dp-head-weight applies to --dp-protect labels --dp-mechanism gradient only")
-    if config.mechanism in LABEL_RELEASE_MECHANISMS and (o("dp_clip_norm") is not None or o("dp_accountant") is not None):
-        problems.append(f"{MECHANISM_WORDS[config.mechanism]} has no clip norm and needs no accountant (it is pure "
-                        "epsilon-DP); drop --dp-clip-norm/--dp-accountant")
-    if o("dp_stage1_fraction") is not None and config.mechanism != "rr-prior":
-        problems.append("--dp-stage1-fraction applies to --dp-mechanism rr-prior only")
-    if problems:
-        raise ConfigError("; ".join(problems))
-
-
-def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, cfg: TrainConfig, n_classes: int) -> None:
+def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, cfg: TrainConfig, n_classes: int,
+            before_epoch: list[Callable[[int], None]]) -> None:
+    """Install the mechanism through the algorithm's public hooks (:class:`~secvfl.parties.ProtocolHooks`)."""
     c = plan.config
+    hooks = algo.protocol_hooks()
     if c.protects == "labels":
-        lp = getattr(algo, "label_party", None)
-        if lp is None or not hasattr(lp, "backward_rule"):
+        lp = hooks.label
+        if lp is None:
             raise UnsupportedError(
                 f"label DP needs one label party whose backward pass it can privatise (splitnn, vafl, fdml); "
                 f"{algo.name} trains differently, so --privacy dp is refused for it"
             )
         if c.mechanism == "gradient":
-            denoise = (cfg.option("dp_denoise") or "none") == "posterior"
+            denoise = cfg.options_for(DPOptions).dp_denoise == "posterior"
             rule = LabelDPRule(
                 loss="bce" if n_classes == 2 else "ce", clip_norm=c.clip_norm, noise_multiplier=plan.noise_multiplier,
                 noise=noise.derive("label-dp"), clip=c.clip, head_weight=c.head_weight,
                 posterior_rows=int(lp.labels("train").shape[0]) if denoise else None,
             )
-            lp.backward_rule = rule
+            lp.backward_rule = rule  # the rule gets each batch's row ids from the label party (its own bookkeeping)
             layer.rule = rule
-            if denoise:
-                original_step = lp.train_step
-
-                def train_step(step: int, ids: np.ndarray, *args: Any, **kwargs: Any) -> Any:
-                    rule.batch_ids = np.asarray(ids)  # the label party's own bookkeeping of its rows
-                    return original_step(step, ids, *args, **kwargs)
-
-                lp.train_step = train_step
         elif c.mechanism in ("rr-prior", "alibi"):
-            _attach_targets(algo, lp, layer, plan, noise, cfg, n_classes)
+            _attach_targets(algo, hooks, layer, plan, noise, cfg, n_classes, before_epoch)
         else:
             true = lp.labels("train").cpu().numpy()
-
-            def install(noisy: np.ndarray) -> None:
-                # the label party swaps its own training labels for their randomised version
-                lp._y["train"] = torch.as_tensor(noisy, dtype=torch.long, device=lp.device)
-
-            layer.rr_install = install
+            layer.rr_install = lp.use_training_labels  # the label party trains on the randomised labels
             layer.rr_labels = randomized_response(true, max(n_classes, 2), plan.epsilon, noise.derive("rr"))
             layer.labels_released_here = True
-            install(layer.rr_labels)
+            lp.use_training_labels(layer.rr_labels)
         return
-    laser = {p.name: p for p in getattr(algo, "laser_parties", [])}
-    if laser:
-        for name in layer.protected:
-            mech = FeatureDP(
-                laser[name].f, embedding_clip=c.clip_norm, gradient_clip=c.gradient_clip_norm or c.clip_norm,
-                noise_multiplier=plan.noise_multiplier, noise=noise.derive(f"feature-dp/{name}"),
-            )
-            layer.features[name] = mech
-            laser[name].release_rule = FeatureDPRelease(mech, layer)
-        return
-    parties = {fp.name: fp for fp in getattr(algo, "feature_parties", []) if hasattr(fp, "model")}
+    parties = hooks.releasing_parties()
     missing = [p for p in layer.protected if p not in parties]
     if missing:
         raise UnsupportedError(
@@ -683,28 +545,28 @@ def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, c
             f"none named {missing}, so --dp-protect features is refused for it"
         )
     for name in layer.protected:
-        fp = parties[name]
-        mech = FeatureDP(
-            fp.model, embedding_clip=c.clip_norm, gradient_clip=c.gradient_clip_norm or c.clip_norm,
-            noise_multiplier=plan.noise_multiplier, noise=noise.derive(f"feature-dp/{name}"),
-        )
-        layer.features[name] = mech
-        fp.release_rule = FeatureDPRelease(mech, layer)
+
+        def make(model: torch.nn.Module, name: str = name) -> FeatureDPRelease:
+            mech = FeatureDP(
+                model, embedding_clip=c.clip_norm, gradient_clip=c.gradient_clip_norm or c.clip_norm,
+                noise_multiplier=plan.noise_multiplier, noise=noise.derive(f"feature-dp/{name}"),
+            )
+            layer.features[name] = mech
+            return FeatureDPRelease(mech, layer)
+
+        parties[name].install_release_rule(make)
 
 
-def _attach_targets(
-    algo: Algorithm, lp: Any, layer: DPLayer, plan: DPPlan, noise: NoiseSource, cfg: TrainConfig, n_classes: int
-) -> None:
+def _attach_targets(algo: Algorithm, hooks: ProtocolHooks, layer: DPLayer, plan: DPPlan, noise: NoiseSource,
+                    cfg: TrainConfig, n_classes: int, before_epoch: list[Callable[[int], None]]) -> None:
     """rr-prior and alibi: the label party trains on released target distributions (:class:`TargetBackward`)."""
+    lp = hooks.label
+    assert lp is not None
     k = max(n_classes, 2)
     true = lp.labels("train").cpu().numpy()
     # alibi trains on its posteriors (cross-entropy); rr-prior on the likelihood of its randomised labels
     rule = TargetBackward(likelihood=plan.mechanism == "rr-prior")
-
-    def install(targets: np.ndarray) -> None:
-        # the label party swaps its own training labels for the released targets
-        lp._y["train"] = torch.as_tensor(targets, dtype=lp.dtype, device=lp.device)
-
+    install = lp.use_training_labels  # the label party swaps its own training labels for the released targets
     lp.backward_rule = rule
     layer.targets_rule, layer.targets_install = rule, install
     if plan.mechanism == "alibi":
@@ -712,7 +574,7 @@ def _attach_targets(
         layer.labels_released_here = True
         install(layer.alibi_targets)
         return
-    predict = getattr(algo, "predict_proba", None)
+    predict = hooks.predict
     if predict is None:
         raise UnsupportedError(f"randomized response with a prior needs the model's predictions on the training rows "
                                f"for its second stage, and {algo.name} does not make them; use --dp-mechanism rr")
@@ -723,9 +585,8 @@ def _attach_targets(
     layer.labels_released_here = True
     install(staged.likelihoods())
     stage2_noise = noise.derive("rr-prior/stage2")
-    train_epoch = algo.train_epoch
 
-    def staged_train_epoch(epoch: int, *args: Any, **kwargs: Any) -> Any:
+    def stage2(epoch: int) -> None:
         if epoch >= staged.stage2_epoch and not staged.stage2_done:
             # the stage-1 model's predicted distribution for each training row is the prior of its stage-2 label
             priors = predict("train")  # also when reusing a stored release: the same messages as an uninterrupted run
@@ -736,7 +597,5 @@ def _attach_targets(
                 staged.release_stage2(priors, stage2_noise)
                 layer.store_stage2(epoch)  # kept and recorded before the labels are used
             install(staged.likelihoods())
-        return train_epoch(epoch, *args, **kwargs)
 
-    algo.train_epoch = staged_train_epoch
-
+    before_epoch.append(stage2)

@@ -54,6 +54,8 @@ class TargetBackward:
         inputs: list[torch.Tensor],
         labels: torch.Tensor,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        rows: Any = None,
     ) -> float:
         if labels.ndim != 2 or not labels.is_floating_point():
             raise ProtocolError("label DP: the label party's training labels are not the released targets; refusing")

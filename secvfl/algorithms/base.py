@@ -12,6 +12,9 @@ import torch
 
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, Partition
+from secvfl.handles import PartyHandle, local_party
+from secvfl.options import Options
+from secvfl.parties import ProtocolHooks
 from secvfl.transport.layers import AlgorithmTraits, Role
 from secvfl.transport.network import Network
 
@@ -55,8 +58,8 @@ class BatchSchedule:
     (None outside training).
 
     Protocol hooks installed on a party (a compression tagger naming a batch's rows, say) get this, never the
-    algorithm: the algorithm is the in-process coordinator and holds every party, and its context holds every
-    party's features and the labels. The schedule holds public facts only (it copies the row ids).
+    algorithm: the algorithm is the coordinator and reaches every party (through their handles), and its context
+    holds every party's features and the labels. The schedule holds public facts only (it copies the row ids).
     """
 
     def __init__(self, rows: np.ndarray, batch_size: int, seed: int) -> None:
@@ -78,12 +81,16 @@ class BatchSchedule:
 class Algorithm(ABC):
     """A VFL training algorithm: builds its parties, trains an epoch, evaluates.
 
-    Algorithms move data between parties only through ``self.net`` (send/receive/aggregate), so every protocol
-    layer applies to them. Subclasses declare ``traits`` so layers can check they are valid for the algorithm.
+    The algorithm is the coordinator: it holds a handle per party (:mod:`secvfl.handles`), never a party object,
+    and makes requests of them; what parties exchange goes through ``self.net`` (send/receive/aggregate), so every
+    protocol layer applies to them. Subclasses declare ``traits`` so layers can check they are valid for the
+    algorithm.
     """
 
     name: ClassVar[str]
     traits: ClassVar[AlgorithmTraits]
+    # The algorithm family's own options (secvfl.options), read with ``self.cfg.options_for(type)``; None: none.
+    options_type: ClassVar[type[Options] | None] = None
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         self.ctx = ctx
@@ -109,14 +116,24 @@ class Algorithm(ABC):
         n = self.ctx.rows("train")
         return -(-n // self.cfg.batch_size)
 
+    def protocol_hooks(self) -> ProtocolHooks:
+        """The parties' public hook points protocols may use (none by default: protocols that need one refuse)."""
+        return ProtocolHooks()
+
     @abstractmethod
+    def handles(self) -> dict[str, PartyHandle]:
+        """Party name -> the handle this algorithm reaches that party through (its only way to reach it)."""
+
     def parties(self) -> dict[str, object]:
-        """Party name -> party object (for checkpoints; each party's state is saved separately)."""
+        """Party name -> party object, in process only (:func:`~secvfl.handles.local_party`): for protocol set-up,
+        attacks and tests. Training, evaluation and checkpoints go through :meth:`handles`."""
+        return {n: local_party(h) for n, h in self.handles().items()}
 
     def state_dict(self) -> dict[str, dict]:
-        return {"step": self.step, "parties": {n: p.state_dict() for n, p in self.parties().items()}}
+        # each party's state comes from the party itself (a checkpoint file per party)
+        return {"step": self.step, "parties": {n: h.state_dict() for n, h in self.handles().items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
-        for n, p in self.parties().items():
-            p.load_state_dict(state["parties"][n])
+        for n, h in self.handles().items():
+            h.load_state_dict(state["parties"][n])

@@ -3,8 +3,10 @@
 Label sharing, stated plainly: this baseline needs labels at every feature party, so at the start of training the
 label party sends each feature party the labels of the training rows that party holds (one ``labels`` message per
 party, counted in the byte accounting). No features, embeddings or gradients are exchanged afterwards. Evaluation:
-each party predicts alone on the rows it holds; metrics are the mean over parties, per-party metrics alongside.
-Use it as the floor every collaborative algorithm must beat, not where labels are sensitive.
+each party predicts alone on the rows it holds; the run harness, acting as the experimenter who holds the labels,
+collects the predictions to score them (metrics are the mean over parties), as for the missing-feature-block
+baselines: outside the federation, nothing is sent. Use it as the floor every collaborative algorithm must beat, not
+where labels are sensitive.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from secvfl.algorithms.base import (
     batch_ids,
     feature_party_names,
 )
+from secvfl.handles import LocalHandle, PartyHandle, request
 from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
 from secvfl.models import MLP, make_bottom, output_dim
@@ -29,7 +32,7 @@ from secvfl.parties import make_optimizer, probabilities, require_wire, task_los
 from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
-__all__ = ["Local", "LocalParty"]
+__all__ = ["Local", "LocalParty", "LocalPartyHandle"]
 
 
 class LocalParty:
@@ -79,6 +82,26 @@ class LocalParty:
         self._y = dict(state["labels"])
 
 
+class LocalPartyHandle(LocalHandle):
+    """A :class:`LocalParty`: takes its labels from the network once, then trains and predicts alone."""
+
+    _party: LocalParty
+
+    @request
+    def receive_labels(self, *, sender: str) -> None:
+        self._party.receive_labels(self._receive("labels", sender))
+
+    @request
+    def train_batch(self, ids: np.ndarray) -> float:
+        """One optimiser step on the party's training rows ``ids``; returns the batch loss."""
+        return self._party.train_batch(ids)
+
+    @request
+    def predict(self, split: str) -> np.ndarray:
+        """Class probabilities on every row of ``split``, for the experimenter to score (see the module docstring)."""
+        return self._party.predict_proba(split)
+
+
 @ALGORITHMS.register("local")
 class Local(Algorithm):
     name = "local"
@@ -88,43 +111,47 @@ class Local(Algorithm):
         super().__init__(ctx, net)
         cfg, data, part = ctx.config, ctx.data, ctx.partition
         n_out = output_dim(data.n_classes)
-        self.local_parties: list[LocalParty] = []
+        self.local_handles: list[LocalPartyHandle] = []
         for k, name in enumerate(feature_party_names(part.n_blocks)):
             bottom = make_bottom(cfg.bottom, len(part.blocks[k]), cfg.embedding_dim, list(cfg.hidden), part.block_shapes[k])
             model = nn.Sequential(bottom, nn.ReLU(), MLP(cfg.embedding_dim, list(cfg.head_hidden), n_out))
             blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
             observed = {s: ctx.masks[s][:, k] for s in ("train", "val", "test")}
-            self.local_parties.append(LocalParty(
+            self.local_handles.append(LocalPartyHandle(LocalParty(
                 name, blocks, observed, model, data.n_classes,
                 make_optimizer(model.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay), ctx.device, ctx.dtype,
-            ))
+            ), net))
         self._labels = {s: getattr(data, f"y_{s}") for s in ("train", "val", "test")}  # the label party's own
         self._shared = False
 
-    def parties(self) -> dict[str, object]:
-        return {p.name: p for p in self.local_parties}
+    def handles(self) -> dict[str, PartyHandle]:
+        return {h.name: h for h in self.local_handles}
+
+    def _own_rows(self, k: int) -> np.ndarray:
+        # the training rows party k holds: the public alignment pattern, which the party itself holds as well
+        return np.flatnonzero(self.ctx.masks["train"][:, k])
 
     def _share_labels(self) -> None:
         # The label party sends each party the training labels (zeros where the party holds no row: it has no
         # use for them, and they are not revealed).
-        for k, p in enumerate(self.local_parties):
+        for k, h in enumerate(self.local_handles):
             observed = self.ctx.masks["train"][:, k]
             y = torch.as_tensor(np.where(observed, self._labels["train"], 0), dtype=torch.int64)
-            self.net.send(Message("labels", LABEL_PARTY, p.name, 0, {"labels": y}, meta={"split": "train"}))
-            p.receive_labels(self.net.receive(p.name, kind="labels", sender=LABEL_PARTY))
+            self.net.send(Message("labels", LABEL_PARTY, h.name, 0, {"labels": y}, meta={"split": "train"}))
+            h.receive_labels(sender=LABEL_PARTY)
         self._shared = True
 
     def batches_per_epoch(self) -> int:
-        return max(-(-len(p.own_rows("train")) // self.cfg.batch_size) for p in self.local_parties)
+        return max(-(-len(self._own_rows(k)) // self.cfg.batch_size) for k in range(len(self.local_handles)))
 
     def train_epoch(self, epoch: int, progress: ProgressFn | None = None) -> dict[str, float]:
         if not self._shared:
             self._share_labels()
-        iters = [batch_ids(p.own_rows("train"), self.cfg.batch_size, self.cfg.seed + k, epoch)
-                 for k, p in enumerate(self.local_parties)]
+        iters = [batch_ids(self._own_rows(k), self.cfg.batch_size, self.cfg.seed + k, epoch)
+                 for k in range(len(self.local_handles))]
         losses = []
         for _ in range(self.batches_per_epoch()):
-            step_losses = [p.train_batch(ids) for p, it in zip(self.local_parties, iters, strict=True)
+            step_losses = [h.train_batch(ids) for h, it in zip(self.local_handles, iters, strict=True)
                            if (ids := next(it, None)) is not None]
             losses.append(float(np.mean(step_losses)))
             self.step += 1
@@ -137,10 +164,10 @@ class Local(Algorithm):
         if len(y) == 0:
             return {}
         per_party = []
-        for k, p in enumerate(self.local_parties):
+        for k, h in enumerate(self.local_handles):
             rows = self.ctx.masks[split][:, k]
             if rows.any():
-                per_party.append(classification_metrics(y[rows], p.predict_proba(split)[rows]))
+                per_party.append(classification_metrics(y[rows], h.predict(split)[rows]))
         keys = per_party[0].keys()
         out = {key: float(np.mean([m[key] for m in per_party])) for key in keys}
         return out

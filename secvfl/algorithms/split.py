@@ -28,10 +28,9 @@ from secvfl.algorithms.base import (
     RunContext,
     feature_party_names,
 )
-from secvfl.messages import Message
-from secvfl.metrics import classification_metrics
+from secvfl.handles import FeatureHandle, LabelHandle, PartyHandle, local_party
 from secvfl.models import ConcatHead, MeanHead, SumHead, make_bottom, output_dim
-from secvfl.parties import FeatureParty, LabelParty, make_optimizer
+from secvfl.parties import FeatureParty, LabelParty, ProtocolHooks, make_optimizer
 from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
@@ -48,24 +47,26 @@ class _SplitBase(Algorithm):
         cfg, data, part = ctx.config, ctx.data, ctx.partition
         n_out = output_dim(data.n_classes)
         out_dim = n_out if self.output_kind == "logits" else cfg.embedding_dim
-        self.feature_parties: list[FeatureParty] = []
+        # The coordinator runs in the label party's process; it reaches every party, the label party too, through a
+        # handle (one way to train, checkpoint and test, whichever process a party is in).
+        self.feature_handles: list[FeatureHandle] = []
         for k, name in enumerate(feature_party_names(part.n_blocks)):
             bottom = make_bottom(cfg.bottom, len(part.blocks[k]), out_dim, list(cfg.hidden), part.block_shapes[k])
             blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
-            self.feature_parties.append(
+            self.feature_handles.append(FeatureHandle(
                 FeatureParty(
                     name, blocks, bottom, make_optimizer(bottom.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay),
                     device=ctx.device, dtype=ctx.dtype, output_kind=self.output_kind,
                     observed={s: ctx.masks[s][:, k] for s in ("train", "val", "test")},
-                )
-            )
+                ), net,
+            ))
         head = self.make_head(out_dim, n_out)
         labels = {s: getattr(data, f"y_{s}") for s in ("train", "val", "test")}
-        self.label_party = LabelParty(
+        self.label_handle = LabelHandle(LabelParty(
             LABEL_PARTY, labels, head, make_optimizer(head.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay),
             data.n_classes, device=ctx.device, dtype=ctx.dtype, input_kind=self.output_kind,
-        )
-        self.names = [fp.name for fp in self.feature_parties]
+        ), net)
+        self.names = [h.name for h in self.feature_handles]
         # The public batch order and the epoch being trained (None outside train_epoch): it names a training batch's
         # rows publicly, e.g. for compression's per-row error feedback, without handing anyone this algorithm.
         self.schedule = BatchSchedule(self.train_rows(), cfg.batch_size, cfg.seed)
@@ -81,8 +82,22 @@ class _SplitBase(Algorithm):
     def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
         raise NotImplementedError
 
-    def parties(self) -> dict[str, object]:
-        return {**{fp.name: fp for fp in self.feature_parties}, LABEL_PARTY: self.label_party}
+    def handles(self) -> dict[str, PartyHandle]:
+        return {**{h.name: h for h in self.feature_handles}, LABEL_PARTY: self.label_handle}
+
+    @property
+    def feature_parties(self) -> list[FeatureParty]:
+        """The feature party objects, in process only (protocol set-up, attacks, tests; see :meth:`parties`)."""
+        return [local_party(h) for h in self.feature_handles]
+
+    @property
+    def label_party(self) -> LabelParty:
+        """The label party object, in process only (see :meth:`parties`)."""
+        return local_party(self.label_handle)
+
+    def protocol_hooks(self) -> ProtocolHooks:
+        return ProtocolHooks(label=self.label_party, feature_parties=tuple(self.feature_parties),
+                             schedule=self.schedule, predict=self.predict_proba)
 
     # -- which rows take part -------------------------------------------------------------------------------
     def train_rows(self) -> np.ndarray:
@@ -102,24 +117,14 @@ class _SplitBase(Algorithm):
         counts = self.ctx.masks[split][ids][:, columns].sum(axis=1).clip(min=1)
         return torch.as_tensor(1.0 / counts, dtype=self.ctx.dtype, device=self.ctx.device)[:, None]
 
-    def _present(self, received: list[Message]) -> list[str]:
-        """The parties whose outputs the label party received: a secure aggregation that retried a round without a
-        dropped party names it in the aggregate's ``meta["dropped"]`` (the sum, the mean's count and the gradients
-        then cover the parties that delivered)."""
-        if self.traits.aggregation == "concat":
-            return list(self.names)
-        dropped = set(received[0].meta.get("dropped", ()))
-        return [n for n in self.names if n not in dropped]
-
-    def _forward_all(self, split: str, ids: np.ndarray, train: bool) -> list[Message]:
-        return [fp.forward(self.step, split, ids, LABEL_PARTY, train=train) for fp in self.feature_parties]
-
-    def _deliver(self, msgs: list[Message]) -> list[Message]:
-        if self.traits.aggregation == "concat":
-            for m in msgs:
-                self.net.send(m)
-            return [self.net.receive(LABEL_PARTY, kind=self.output_kind, sender=n) for n in self.names]
-        return [self.net.aggregate(msgs, LABEL_PARTY, "sum")]
+    def _forward_all(self, split: str, ids: np.ndarray, train: bool) -> list[str]:
+        """Every feature party sends its output on rows ``ids`` to the label party, which takes them from the
+        network; returns the parties whose outputs arrived (a secure aggregation that retried a round without a
+        dropped party leaves it out: the sum, the mean's count and the gradients then cover the others)."""
+        aggregated = self.traits.aggregation != "concat"
+        for h in self.feature_handles:
+            h.forward(self.step, split, ids, to=LABEL_PARTY, train=train, aggregated=aggregated)
+        return self.label_handle.receive(self.names, aggregated=aggregated)
 
     # -- training and evaluation -----------------------------------------------------------------------------
     def train_epoch(self, epoch: int, progress: ProgressFn | None = None) -> dict[str, float]:
@@ -132,16 +137,12 @@ class _SplitBase(Algorithm):
     def _train_epoch(self, epoch: int, progress: ProgressFn | None) -> dict[str, float]:
         losses = []
         for ids in self.schedule.batches(epoch):
-            received = self._deliver(self._forward_all("train", ids, train=True))
-            present = self._present(received)
-            loss, grads = self.label_party.train_step(
-                self.step, ids, received, present, aggregated=self.traits.aggregation != "concat",
-                input_scale=self._scale("train", ids, present),
-            )
-            self.net.send(*grads)
-            for fp in self.feature_parties:
-                if fp.name in present:  # a party left out of this step's sum gets no gradient for it
-                    fp.backward(self.net.receive(fp.name, kind="gradient", sender=LABEL_PARTY))
+            present = self._forward_all("train", ids, train=True)
+            loss = self.label_handle.train_step(self.step, ids, present,
+                                                input_scale=self._scale("train", ids, present))
+            for h in self.feature_handles:
+                if h.name in present:  # a party left out of this step's sum gets no gradient for it
+                    h.backward(sender=LABEL_PARTY)
             losses.append(loss)
             self.step += 1
             if progress is not None:
@@ -153,11 +154,8 @@ class _SplitBase(Algorithm):
         out = []
         for start in range(0, n, self.cfg.eval_batch_size):
             ids = np.arange(start, min(n, start + self.cfg.eval_batch_size))
-            received = self._deliver(self._forward_all(split, ids, train=False))
-            p = self.label_party.predict(
-                received, aggregated=self.traits.aggregation != "concat",
-                input_scale=self._scale(split, ids, self._present(received)),
-            )
+            present = self._forward_all(split, ids, train=False)
+            p = self.label_handle.predict(input_scale=self._scale(split, ids, present))
             out.append(p.cpu().numpy())
         proba = np.concatenate(out) if out else np.zeros((0, max(2, self.ctx.data.n_classes)))
         if self.traits.aggregation == "concat":
@@ -173,7 +171,7 @@ class _SplitBase(Algorithm):
         if self.ctx.rows(split) == 0:
             return {}
         # Metrics are computed by the label party, the only one holding the labels.
-        return classification_metrics(self.label_party.labels(split).cpu().numpy(), self.predict_proba(split))
+        return self.label_handle.score(split, self.predict_proba(split))
 
 
 @ALGORITHMS.register("splitnn")
@@ -184,7 +182,7 @@ class SplitNN(_SplitBase):
     traits = AlgorithmTraits("splitnn", "concat")
 
     def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
-        return ConcatHead([out_dim] * len(self.feature_parties), list(self.cfg.head_hidden), n_out)
+        return ConcatHead([out_dim] * len(self.feature_handles), list(self.cfg.head_hidden), n_out)
 
 
 @ALGORITHMS.register("vafl")

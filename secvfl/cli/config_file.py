@@ -4,8 +4,10 @@ Every key must be a flag's name and its value must have the type that flag takes
 for a switch (``secure_channel = "false"`` is refused: a non-empty string would switch the channel *on*), an integer
 for an integer flag (never a boolean), a number for a float flag (``lr = 1`` is fine), a string for a text flag, an
 array for a flag that takes several values, and a value among the flag's choices. The expected type is read from
-the argparse action (switch, ``nargs``, ``type``, ``choices``), so a flag added by a plugin is checked without a line
-here. A later issue moves to typed options per algorithm; this module is then replaced as a whole.
+the argparse action (switch, ``nargs``, ``type``, ``choices``). The flags of the algorithm families and protocol
+plugins are generated from their typed options (:mod:`secvfl.options`), so their TOML values are checked against
+those declarations without a line here; ``TrainConfig`` then validates the values again, typed, with their ranges
+and rules (as it does for a saved run's config.toml, which ``--resume`` reads without this module).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from secvfl.errors import ConfigError
-from secvfl.io import save_figure_atomic
+from secvfl.plotting import new_figure, save_figure_atomic
 
 __all__ = ["register", "run", "sweep", "plot_sweep", "sweep_table"]
 
@@ -80,15 +80,19 @@ def sweep(args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
 
     from protocols.dp.choice import choose_mechanism
     from protocols.dp.config import LABEL_RELEASE_MECHANISMS
+    from protocols.dp.options import DPOptions
     from secvfl.cli.train import config_from_args
     from secvfl.runner import run_training
 
-    base = config_from_args(argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in _OWN}))
-    features = base.option("dp_protect") == "features"
+    # the DP flags given describe every private run of the sweep (each sets its own mechanism and epsilon)
+    given = {k: v for k, v in vars(args).items() if k not in _OWN}
+    base = config_from_args(argparse.Namespace(**{**given, "privacy": "dp"}))
+    dp = base.options_for(DPOptions)
+    features = dp.dp_protect == "features"
     if args.mechanisms:
         mechanisms = list(args.mechanisms)
-    elif base.option("dp_mechanism") not in (None, "auto"):
-        mechanisms = [base.option("dp_mechanism")]
+    elif dp.dp_mechanism not in (None, "auto"):
+        mechanisms = [dp.dp_mechanism]
     else:
         mechanisms = ["gradient"] if features else list(LABEL_MECHANISMS)
         if base.epochs < 2:  # two stages need two epochs; said here rather than failing half-way through the sweep
@@ -162,19 +166,17 @@ def sweep(args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
 
 
 def _dp_option_names() -> set[str]:
-    from protocols.dp.plugin import DP_FLAGS
+    from protocols.dp.options import DPOptions
+    from secvfl.options import option_names
 
-    return set(DP_FLAGS) | {"privacy"}
+    return option_names(DPOptions)
 
 
 def plot_sweep(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    fig = new_figure((6.4, 4.2), dpi=120)
+    ax = fig.subplots()
     xs_all: list[float] = []
     for curve in result["curves"]:
         pts = curve["points"]
@@ -204,9 +206,7 @@ def plot_sweep(result: dict[str, Any], path: Path) -> None:
                  f"batch {result['batch_size']}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
     save_figure_atomic(fig, path)
-    plt.close(fig)
 
 
 def _auto_points(result: dict[str, Any]) -> list[dict[str, Any]]:

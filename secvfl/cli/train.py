@@ -11,7 +11,8 @@ from secvfl.config import BOTTOMS, DTYPES, TrainConfig
 from secvfl.data.partition import IMAGE_SPLITS
 from secvfl.data.preprocess import NAN_POLICIES
 from secvfl.errors import ConfigError
-from secvfl.plugins import load_plugins, unavailable_plugins
+from secvfl.options import add_option_arguments
+from secvfl.plugins import option_groups, unavailable_plugins
 
 __all__ = ["register", "run", "add_train_arguments", "config_from_args"]
 
@@ -84,8 +85,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="rows per forward pass when evaluating (memory only; results do not depend on it)")
     g.add_argument("--threads", type=int, default=d.threads,
                    help="torch intra-op threads (1 is fastest for small models on a shared machine)")
-    for plugin in load_plugins():
-        plugin.add_arguments(p.add_argument_group(plugin.name))
+    for group in option_groups():  # the algorithm families' options, then the protocol plugins', from their types
+        add_option_arguments(p.add_argument_group(group.title), group.options_type)
     missing = unavailable_plugins()
     if missing:  # their flags are unknown here; say why rather than leave "unrecognized arguments" unexplained
         p.epilog = "protocol plugins that could not be loaded: " + "; ".join(
@@ -105,7 +106,7 @@ def apply_config_file(parser: argparse.ArgumentParser, path: Path) -> None:
     """Values in the TOML file become defaults; flags given on the command line win.
 
     Each value must have the type its flag takes (see :mod:`secvfl.cli.config_file`); a saved run's config.toml,
-    whose plugin flags sit in an ``[options]`` table, is read the same way.
+    whose algorithm and protocol options sit in an ``[options]`` table, is read the same way.
     """
     from secvfl.runner import load_config_file
 
@@ -213,7 +214,10 @@ def _resume_changes(args: argparse.Namespace) -> dict[str, object]:
                               "its directory; drop --out")
     saved = read_run_config(run_dir).to_dict()
     saved.update(saved.pop("options", {}))
-    wanted = config_from_args(args).to_dict()
+    # the run's settings with what the command line gives, typed and checked together (an option of the run's
+    # algorithm, say, is valid only with it): "0.30" and 0.3 are then the same value
+    ns = vars(args)
+    wanted = TrainConfig.from_dict({**saved, **{d: ns[d] for d in given if d in ns}}).to_dict()
     wanted.update(wanted.pop("options", {}))
     changed = [d for d in sorted(given) if d in wanted and _comparable(wanted[d]) != _comparable(saved.get(d))]
     refused = [d for d in changed if d not in RESUME_CHANGES]

@@ -38,6 +38,7 @@ from secvfl.algorithms.saddle.monitor import Monitor, Trace
 from secvfl.cli.registries import REPRODUCTIONS
 from secvfl.errors import ConfigError
 from secvfl.io import write_json_atomic, write_text_atomic
+from secvfl.plotting import new_figure, save_figure_atomic
 from secvfl.rundir import runs_root
 
 __all__ = ["SaddleSetting", "SETTINGS", "METHODS", "Problem", "load_problem", "run_experiment", "markdown_table",
@@ -267,12 +268,8 @@ def markdown_table(result: dict[str, Any]) -> str:
 
 
 def plot_traces(traces: Sequence[Trace], path: Path, title: str, acc_star: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig = new_figure((13, 9))
+    axes = fig.subplots(2, 2)
     styles = ["-", "--", "-.", ":"]
     for i, tr in enumerate(traces):
         it = [r["iter"] for r in tr.rows]
@@ -299,10 +296,7 @@ def plot_traces(traces: Sequence[Trace], path: Path, title: str, acc_star: float
         ax.grid(True, which="both", alpha=0.3)
     axes[0, 1].legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure_atomic(fig, path, dpi=110)
 
 
 def _comparisons(summary: list[dict[str, Any]], acc_star: float) -> tuple[list[str], dict[str, Any]]:

@@ -53,6 +53,9 @@ class AlgorithmTraits:
     gradient_based: bool = True
     shares_labels: bool = False  # the label party sends labels to feature parties (e.g. `local`)
     labels_at_every_party: bool = False  # every party holds the labels (LASER-VFL): no party to hide them from
+    # Each link carries the same quantity every round and the algorithm marks its messages itself (full-batch saddle
+    # methods: meta "persistent", rows, eval), so layers need not tag the parties' messages for it.
+    persistent_messages: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,13 @@ class Layer:
         """Transform a message ``party`` received, undoing what the sender's layer did where needed."""
         return message
 
+    def encoded_outputs(self, traits: AlgorithmTraits) -> tuple[str, str] | None:
+        """``(what, why and the fix)`` when this layer turns the forward outputs (``traits.forward_kinds``) into
+        something other than a dense tensor an aggregation could add (compression: sparse supports, packed codes);
+        None when it leaves them dense. :func:`check_stack` refuses it under an aggregation that adds dense tensors
+        only (``Aggregation.accepts_encoded``)."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Facts for ``summary.json`` (parameters, privacy spent, ...)."""
         return {"layer": self.name}
@@ -119,8 +129,15 @@ def check_stack(layers: Sequence[Layer], traits: AlgorithmTraits, aggregation: A
     problems = [f"{layer.name}: {p}" for layer in layers for p in layer.check(traits)]
     if aggregation is not None:
         problems += [f"{aggregation.name}: {p}" for p in aggregation.check(traits)]
+        if not aggregation.accepts_encoded and traits.aggregation != "none":
+            outputs = "/".join(traits.forward_kinds)
+            problems += [
+                f"{layer.name}: {encoded[0]} cannot be combined with the {aggregation.name} aggregation, which "
+                f"{aggregation.dense_inputs} each party's dense {outputs} and adds them: {encoded[1]}"
+                for layer in layers if (encoded := layer.encoded_outputs(traits)) is not None
+            ]
     if problems:
-        raise UnsupportedError(f"protocols not valid for algorithm {traits.name!r}:\n  " + "\n  ".join(problems))
+        raise UnsupportedError(f"protocols not valid for algorithm {traits.name!r}: " + "; ".join(problems))
 
 
 class Aggregation(ABC):
@@ -129,6 +146,10 @@ class Aggregation(ABC):
     name: ClassVar[str] = "aggregation"
     # Whether the receiver also learns each party's own tensors (plain: yes; secure aggregations: only the sum).
     reveals_individual_outputs: ClassVar[bool] = False
+    # Whether it can add what a layer made of the outputs (sparse or packed forms, see Layer.encoded_outputs), or
+    # needs each party's dense tensor, and what it does with that tensor (for the refusal: "CKKS-encrypts").
+    accepts_encoded: ClassVar[bool] = True
+    dense_inputs: ClassVar[str] = "adds"
 
     def check(self, traits: AlgorithmTraits) -> list[str]:
         return []
@@ -156,6 +177,9 @@ class Aggregation(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook, like Layer's
         pass
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what it started (worker processes); called when its run ends or is refused."""
 
 
 @dataclass

@@ -65,6 +65,8 @@ class Network:
             layer.bind(self.topology)
         self.aggregation.bind(self.topology)
         self._views: dict[str, View] = {}
+        # Inputs parties submitted to the aggregation, per (receiver, kind), until the receiver aggregates them.
+        self._submitted: dict[tuple[str, str], list[Message]] = {}
 
     @property
     def stats(self) -> CommStats:
@@ -119,6 +121,23 @@ class Network:
                                f"{msg.receiver}")
         # Built by the aggregation, for the receiver, from what it received through this network.
         return mark_delivered(msg)
+
+    def submit(self, message: Message) -> None:
+        """A party's input to the next aggregation for ``message.receiver`` (:meth:`aggregate_submitted`).
+
+        Nothing travels yet: how inputs reach the receiver (in the clear, encrypted, masked) is the aggregation's
+        business, and it needs every party's input of the round at once.
+        """
+        self._known(message.sender)
+        self._known(message.receiver)
+        self._submitted.setdefault((message.receiver, message.kind), []).append(message)
+
+    def aggregate_submitted(self, receiver: str, kind: str, op: str = "sum") -> Message:
+        """:meth:`aggregate` over the ``kind`` inputs submitted for ``receiver``, in the order they were submitted."""
+        messages = self._submitted.pop((receiver, kind), [])
+        if not messages:
+            raise MessageError(f"no {kind} inputs were submitted for {receiver}; the protocol's order is broken")
+        return self.aggregate(messages, receiver, op)
 
     def record(self, party: str) -> View:
         """Start recording ``party``'s view (for attacks and audits); returns the live view."""

@@ -26,6 +26,7 @@ from torch import nn
 
 from secvfl.algorithms.base import Algorithm, ProgressFn, RunContext, feature_party_names
 from secvfl.algorithms.missing.eval import evaluate_predictions
+from secvfl.algorithms.missing.flags import MissingOptions
 from secvfl.data.pattern_sampler import PatternBatch, PatternBatchSampler, observed_parties, pattern_codes
 from secvfl.errors import ConfigError
 from secvfl.models import MLP, make_bottom, output_dim
@@ -44,9 +45,8 @@ class FlatOptimizer:
     Why not ``torch.optim``: the models here are tiny (hundreds of weights), so its per-call, per-parameter Python
     work costs more than the arithmetic. The parameters are re-pointed into one contiguous buffer (the modules keep
     working unchanged) and each step is a constant number of tensor operations, however many models a party has.
-    Measured again with torch 2.13 (``secvfl bench laser --parties 4 --repeats 5``, credit, one thread, this class
-    swapped for ``torch.optim.Adam(foreach=True)`` with one param group per model): epoch CPU time LASER-VFL 0.64 s
-    -> 1.06 s, Standard VFL 0.37 s -> 0.61 s, Combinatorial 1.59 s -> 3.30 s; ``foreach=False`` is slower still.
+    ``torch.optim.Adam`` in its place, ``foreach`` or not, makes every missing-block algorithm's epoch slower
+    (measured: BENCHMARKS.md, "FlatOptimizer against torch.optim").
 
     Parameters come in groups (one per model) that step independently: a group that received no gradient this step
     is left alone -- no decay, no moment update, no step count -- exactly like ``torch.optim`` skips parameters
@@ -167,16 +167,16 @@ class MissingAlgorithm(Algorithm):
 
     # Which batches an algorithm trains on; None: every batch.
     min_observed: ClassVar[int] = 1
+    options_type = MissingOptions
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         self.K = ctx.partition.n_blocks
         self.names = feature_party_names(self.K)
         self.n_classes = ctx.data.n_classes
-        class_balanced = bool(self.cfg.option("class_balanced", False))
         self.sampler = PatternBatchSampler(
             ctx.masks["train"], self.cfg.batch_size, seed=self.cfg.seed, labels=ctx.data.y_train,
-            class_balanced=class_balanced,
+            class_balanced=self.cfg.options_for(MissingOptions).class_balanced,
         )
         # The experimenter's copy of the labels, for scoring only (parties hold their own copies).
         self._labels = {s: np.asarray(getattr(ctx.data, f"y_{s}")) for s in SPLITS}

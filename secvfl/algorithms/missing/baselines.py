@@ -45,9 +45,11 @@ from secvfl.algorithms.missing.base import (
     representation_model,
 )
 from secvfl.algorithms.missing.eval import majority_vote, random_predictions
+from secvfl.algorithms.missing.flags import MissingOptions
 from secvfl.algorithms.missing.subsets import Subset, nonempty_subsets
 from secvfl.data.pattern_sampler import PatternBatch
 from secvfl.errors import ConfigError, PartyIsolationError, UnsupportedError
+from secvfl.handles import LocalHandle, PartyHandle, local_party, request
 from secvfl.messages import Message
 from secvfl.models import MLP
 from secvfl.parties import require_wire, task_loss
@@ -57,6 +59,7 @@ from secvfl.transport.network import Network
 __all__ = [
     "PredictorSpec",
     "PredictorParty",
+    "PredictorHandle",
     "PredictorFamily",
     "LocalBaseline",
     "Ensemble",
@@ -310,6 +313,14 @@ class PredictorParty:
         logits = self.g[spec.key](torch.cat(inputs, dim=1))
         return (logits.squeeze(1) > 0).long() if self.n_classes == 2 else logits.argmax(dim=1)
 
+    def prediction_messages(self, step: int, labels: torch.Tensor, receivers: Sequence[str]) -> list[Message]:
+        """Predicted labels shared with ``receivers`` (a joint predictor's output, an Ensemble vote)."""
+        return [Message("prediction", self.name, r, step, {"labels": labels}) for r in receivers]
+
+    def shared_prediction(self, message: Message) -> np.ndarray:
+        """The labels another party predicted and shared with this one, which it outputs."""
+        return require_wire(message, self.name).tensor("labels").numpy()
+
     def state_dict(self) -> dict[str, Any]:
         return {"f": self.f.state_dict(), "g": self.g.state_dict(), "optimizer": self.optimizer.state_dict()}
 
@@ -317,6 +328,49 @@ class PredictorParty:
         self.f.load_state_dict(state["f"])
         self.g.load_state_dict(state["g"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+class PredictorHandle(LocalHandle):
+    """A :class:`PredictorParty`: as a member it sends its representations to the holders and applies the gradients
+    they return; as a holder it trains and runs its heads on what the members sent; everything through the network."""
+
+    _party: PredictorParty
+
+    @request
+    def represent(self, step: int, split: str, ids: np.ndarray, by_holder: dict[str, list[str]], *, train: bool
+                  ) -> None:
+        """``f^P_k`` on rows ``ids`` for the predictors listed per holder; one embedding message per other holder."""
+        self._send(self._party.represent(step, split, ids, by_holder, train=train))
+
+    @request
+    def holder_step(self, step: int, ids: np.ndarray, work: Sequence[tuple[PredictorSpec, Sequence[int]]],
+                    names: Sequence[str], senders: Sequence[str]) -> float:
+        """Train the held predictors in ``work`` on the representations ``senders`` sent; send each member its
+        gradients. Returns the mean loss."""
+        received = {s: self._receive("embedding", s) for s in senders}
+        loss, grads = self._party.holder_step(step, ids, work, names, received)
+        self._send(grads)
+        return loss
+
+    @request
+    def apply_gradients(self, holders: Sequence[str]) -> None:
+        """Take the gradients the other ``holders`` sent and step the representation models."""
+        self._party.apply_gradients([self._receive("gradient", h) for h in holders if h != self.name])
+
+    @request
+    def predict(self, step: int, spec: PredictorSpec, present: Sequence[int], names: Sequence[str], *,
+                share_with: Sequence[str] = ()) -> np.ndarray:
+        """Predicted labels of the held predictor ``spec`` on the rows of the members' last evaluation
+        :meth:`represent`, shared with the parties ``share_with``; returned for the experimenter to score."""
+        received = {names[m]: self._receive("embedding", names[m]) for m in present if names[m] != self.name}
+        labels = self._party.holder_predict(spec, present, names, received)
+        self._send(self._party.prediction_messages(step, labels, share_with))
+        return labels.cpu().numpy()
+
+    @request
+    def prediction(self, *, sender: str) -> np.ndarray:
+        """The labels ``sender`` predicted and shared, which this party outputs (for the experimenter to score)."""
+        return self._party.shared_prediction(self._receive("prediction", sender))
 
 
 class PredictorFamily(MissingAlgorithm):
@@ -336,12 +390,12 @@ class PredictorFamily(MissingAlgorithm):
             for m in spec.members:
                 reps[m][spec.key] = representation_model(ctx, m)
             heads[spec.holder][spec.key] = fusion_head(ctx, d * len(spec.members))
-        self.predictor_parties = [
-            PredictorParty(
+        self.predictor_handles = [
+            PredictorHandle(PredictorParty(
                 name, k, {s: part.take(getattr(data, f"X_{s}"), k) for s in SPLITS},
                 {s: getattr(data, f"y_{s}") for s in SPLITS}, reps[k], heads[k], data.n_classes,
                 (cfg.optimizer, cfg.lr, cfg.weight_decay), device=ctx.device, dtype=ctx.dtype,
-            )
+            ), net)
             for k, name in enumerate(self.names)
         ]
         self._by_members = {s.members: s for s in self.specs}
@@ -364,8 +418,13 @@ class PredictorFamily(MissingAlgorithm):
     def trains_on(self, observed: tuple[int, ...]) -> bool:
         return bool(self.train_work(observed, 0))
 
-    def parties(self) -> dict[str, object]:
-        return {p.name: p for p in self.predictor_parties}
+    def handles(self) -> dict[str, PartyHandle]:
+        return {h.name: h for h in self.predictor_handles}
+
+    @property
+    def predictor_parties(self) -> list[PredictorParty]:
+        """The party objects, in process only (tests; see :meth:`parties`)."""
+        return [local_party(h) for h in self.predictor_handles]
 
     # -- training -------------------------------------------------------------------------------------------
     def train_batch(self, batch: PatternBatch) -> float:
@@ -376,51 +435,32 @@ class PredictorFamily(MissingAlgorithm):
             for m in present:
                 members.setdefault(m, {}).setdefault(self.names[spec.holder], []).append(spec.key)
         for m, by_holder in members.items():
-            msgs = self.predictor_parties[m].represent(step, "train", ids, by_holder, train=True)
-            if msgs:
-                self.net.send(*msgs)
+            self.predictor_handles[m].represent(step, "train", ids, by_holder, train=True)
         losses = []
         by_holder_work: dict[int, list[tuple[PredictorSpec, tuple[int, ...]]]] = {}
         for spec, present in work:
             by_holder_work.setdefault(spec.holder, []).append((spec, present))
         for h, hw in by_holder_work.items():
-            senders = sorted({m for _, present in hw for m in present if m != h})
-            received = {self.names[m]: self.net.receive(self.names[h], kind="embedding", sender=self.names[m])
-                        for m in senders}
-            loss, grads = self.predictor_parties[h].holder_step(step, ids, hw, self.names, received)
-            losses.append(loss)
-            if grads:
-                self.net.send(*grads)
+            senders = [self.names[m] for m in sorted({m for _, present in hw for m in present if m != h})]
+            losses.append(self.predictor_handles[h].holder_step(step, ids, hw, self.names, senders))
         for m, by_holder in members.items():
-            me = self.names[m]
-            got = [self.net.receive(me, kind="gradient", sender=h) for h in by_holder if h != me]
-            self.predictor_parties[m].apply_gradients(got)
+            self.predictor_handles[m].apply_gradients(list(by_holder))
         return float(np.mean(losses))
 
     # -- inference ------------------------------------------------------------------------------------------
-    def _joint_predict(self, split: str, ids: np.ndarray, spec: PredictorSpec, present: tuple[int, ...]
-                       ) -> np.ndarray:
+    def _joint_predict(self, split: str, ids: np.ndarray, spec: PredictorSpec, present: tuple[int, ...],
+                       share_with: tuple[int, ...] = ()) -> np.ndarray:
+        """The holder's predicted labels of predictor ``spec`` on rows ``ids``, from its ``present`` members; the
+        holder shares them with the parties ``share_with``."""
         holder = self.names[spec.holder]
         for m in present:
-            msgs = self.predictor_parties[m].represent(self.step, split, ids, {holder: [spec.key]}, train=False)
-            if msgs:
-                self.net.send(*msgs)
-        received = {self.names[m]: self.net.receive(holder, kind="embedding", sender=self.names[m])
-                    for m in present if m != spec.holder}
-        return self.predictor_parties[spec.holder].holder_predict(spec, present, self.names, received).cpu().numpy()
+            self.predictor_handles[m].represent(self.step, split, ids, {holder: [spec.key]}, train=False)
+        return self.predictor_handles[spec.holder].predict(self.step, spec, present, self.names,
+                                                           share_with=[self.names[k] for k in share_with])
 
-    def _share_prediction(self, sender: int, labels: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
-        """The holder sends the predicted labels to the other observed parties; each outputs what it received."""
-        t = torch.as_tensor(labels, dtype=torch.int64)
-        others = [k for k in observed if k != sender]
-        if others:
-            self.net.send(*[Message("prediction", self.names[sender], self.names[k], self.step, {"labels": t})
-                            for k in others])
-        out = {sender: labels} if sender in observed else {}
-        for k in others:
-            m = self.net.receive(self.names[k], kind="prediction", sender=self.names[sender])
-            out[k] = m.tensor("labels").numpy()
-        return out
+    def _shared_predictions(self, sender: int, receivers: tuple[int, ...]) -> dict[int, np.ndarray]:
+        """What each of ``receivers`` outputs: the labels ``sender`` shared with it."""
+        return {k: self.predictor_handles[k].prediction(sender=self.names[sender]) for k in receivers}
 
     def _random(self, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
         # Shared-seed guess: every observed party outputs the same random label for a row nobody can predict.
@@ -433,8 +473,10 @@ class PredictorFamily(MissingAlgorithm):
         if spec is None:
             return self._random(ids, observed)
         present = tuple(m for m in spec.members if m in observed)
-        labels = self._joint_predict(split, ids, spec, present)
-        return self._share_prediction(spec.holder, labels, observed)
+        others = tuple(k for k in observed if k != spec.holder)
+        labels = self._joint_predict(split, ids, spec, present, share_with=others)
+        out = {spec.holder: labels} if spec.holder in observed else {}
+        return {**out, **self._shared_predictions(spec.holder, others)}
 
 
 @ALGORITHMS.register("local-missing")
@@ -467,13 +509,15 @@ class Ensemble(LocalBaseline):
     vote = True  # False: score the Local predictors alone (the same training, without the vote)
 
     def predict_group(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
-        local = super().predict_group(split, ids, observed)
         if not self.vote:
-            return local
+            return super().predict_group(split, ids, observed)
+        # k's vote reaches every other observed party
+        local = {k: self._joint_predict(split, ids, self.specs[k], (k,), share_with=tuple(o for o in observed if o != k))
+                 for k in observed}
         votes = np.zeros((len(ids), self.K), dtype=np.int64)
         mask = np.zeros((len(ids), self.K), dtype=bool)
         for k in observed:
-            self._share_prediction(k, local[k], observed)  # k's vote reaches every observed party
+            self._shared_predictions(k, tuple(o for o in observed if o != k))
             votes[:, k], mask[:, k] = local[k], True
         # Every party computes the same vote: same votes, same shared-seed tie-breaking.
         rng = np.random.default_rng([self.cfg.seed, _VOTE_SALT, int(ids[0]), len(ids)])
@@ -533,9 +577,7 @@ class PlugVFL(PredictorFamily):
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
-        self.p_drop = float(self.cfg.option("p_drop", 0.05))
-        if not 0.0 <= self.p_drop < 1.0:
-            raise ConfigError(f"--p-drop must be in [0, 1), got {self.p_drop}")
+        self.p_drop = self.cfg.options_for(MissingOptions).p_drop  # in [0, 1): checked with the options
 
     def make_specs(self, k: int) -> list[PredictorSpec]:
         return [PredictorSpec(tuple(range(k)), k - 1)]

@@ -1,38 +1,23 @@
-"""`secvfl train` flags of the missing-feature-block algorithms (laser, ensemble, combinatorial, plugvfl, ...).
-
-They join the command line through the protocol-plugin mechanism (an entry point of group ``secvfl.protocols``: the
-one extension point for train flags) but add no protocol layer: ``configure`` only validates them. Values land in
-``TrainConfig.options``.
+"""The options of the missing-feature-block family (laser, local-missing, svfl, ensemble, combinatorial, plugvfl):
+``--class-balanced`` and ``--p-drop``, one typed :class:`MissingOptions` (:mod:`secvfl.options`) that every
+algorithm of the family declares as its ``options_type``; read with ``cfg.options_for(MissingOptions)``. Given for an
+algorithm outside the family (or ``--p-drop`` for another than plugvfl), they are refused before anything is loaded.
 """
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
-from secvfl.errors import ConfigError, UnsupportedError
-from secvfl.plugins import ProtocolPlugin, ProtocolSetup
-from secvfl.transport.layers import AlgorithmTraits
+from secvfl.options import Options, option
 
-__all__ = ["MissingFeatureFlags", "MISSING_ALGOS"]
-
-MISSING_ALGOS = ("laser", "local-missing", "ensemble", "svfl", "combinatorial", "plugvfl")
+__all__ = ["MissingOptions"]
 
 
-class MissingFeatureFlags(ProtocolPlugin):
-    name = "missing-features"
+@dataclass(frozen=True)
+class MissingOptions(Options):
+    title = "missing feature blocks (laser and its baselines)"
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--class-balanced", action="store_true",
-                            help="missing-feature algorithms: class-balanced batches (equal draws per class per "
-                                 "epoch) for imbalanced labels")
-        parser.add_argument("--p-drop", type=float, default=0.05,
-                            help="plugvfl: probability of dropping each passive party's representation per batch")
-
-    def configure(self, cfg, traits: AlgorithmTraits, ctx) -> ProtocolSetup | None:  # noqa: ANN001
-        p_drop = float(cfg.option("p_drop", 0.05))
-        if not 0.0 <= p_drop < 1.0:
-            raise ConfigError(f"--p-drop must be in [0, 1), got {p_drop}")
-        if cfg.option("class_balanced", False) and traits.name not in MISSING_ALGOS:
-            raise UnsupportedError(f"--class-balanced applies to {', '.join(MISSING_ALGOS)}, not {traits.name}")
-        return None
-
+    class_balanced: bool = option(False, "missing-feature algorithms: class-balanced batches (equal draws per class "
+                                         "per epoch) for imbalanced labels")
+    p_drop: float = option(0.05, "plugvfl: probability of dropping each passive party's representation per batch",
+                           check=(lambda p: 0.0 <= p < 1.0, "in [0, 1)"), algos=("plugvfl",))

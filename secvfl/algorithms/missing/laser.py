@@ -26,7 +26,7 @@ every party acting as a label party); nothing else. Protection of these messages
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,13 +52,14 @@ from secvfl.algorithms.missing.subsets import (
 )
 from secvfl.data.pattern_sampler import PatternBatch
 from secvfl.errors import ConfigError, PartyIsolationError
+from secvfl.handles import LocalHandle, PartyHandle, local_party, request
 from secvfl.messages import Message
 from secvfl.models import MLP
-from secvfl.parties import PlainRelease, ReleaseRule, probabilities, require_wire
+from secvfl.parties import PlainRelease, ProtocolHooks, ReleaseRule, probabilities, require_wire
 from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
-__all__ = ["LaserParty", "LaserVFL"]
+__all__ = ["LaserParty", "LaserHandle", "LaserVFL"]
 
 _TASK_SALT = 0x1A5E4  # party k's private task-sampling stream: default_rng([seed, _TASK_SALT, k])
 
@@ -120,6 +121,11 @@ class LaserParty:
 
     def rows(self, split: str) -> int:
         return int(self._x[split].shape[0])
+
+    def install_release_rule(self, make: Callable[[nn.Module], ReleaseRule]) -> None:
+        """A protocol's hook (:class:`~secvfl.parties.ReleasingParty`): release ``f_k``'s outputs through
+        ``make(f_k)``."""
+        self.release_rule = make(self.f)
 
     def _mode(self, train: bool) -> None:
         # Module.train() walks every submodule; switch only when the mode changes (it is per step otherwise).
@@ -248,6 +254,40 @@ class LaserParty:
         self._rng.bit_generator.state = state["rng"]
 
 
+class LaserHandle(LocalHandle):
+    """A :class:`LaserParty`: broadcasts its representation to its peers (the batch's other observed parties), trains
+    its head on theirs, and applies the gradients they send back, all through the network."""
+
+    _party: LaserParty
+
+    def _from_peers(self, kind: str, names: Sequence[str]) -> dict[str, Message]:
+        return {o: self._receive(kind, o) for o in names if o != self.name}
+
+    @request
+    def represent(self, step: int, split: str, ids: np.ndarray, peers: Sequence[str], *, train: bool) -> None:
+        """``f_k`` on rows ``ids`` of ``split``, sent to every one of ``peers``."""
+        self._send(self._party.represent(step, split, ids, peers, train=train))
+
+    @request
+    def train_heads(self, step: int, ids: np.ndarray, observed: Sequence[int], names: Sequence[str]) -> float:
+        """Train ``g_k`` on the peers' representations (``names``: the observed parties' names) and send each peer
+        its gradient; returns the loss."""
+        loss, grads = self._party.train_heads(step, ids, observed, names, self._from_peers("embedding", names))
+        self._send(grads)
+        return loss
+
+    @request
+    def apply_gradients(self, names: Sequence[str]) -> None:
+        """Take the gradients the peers among ``names`` sent and step ``f_k`` and ``g_k``."""
+        self._party.apply_gradients([self._receive("gradient", o) for o in names if o != self.name])
+
+    @request
+    def predict(self, observed: Sequence[int], names: Sequence[str]) -> np.ndarray:
+        """Class probabilities of ``h_(k, observed)`` on the rows of the last evaluation :meth:`represent`, for the
+        experimenter to score."""
+        return self._party.predict(observed, names, self._from_peers("embedding", names)).cpu().numpy()
+
+
 @ALGORITHMS.register("laser")
 class LaserVFL(MissingAlgorithm):
     """LASER-VFL: trains on every batch with at least one observed party; any observed set can predict."""
@@ -260,57 +300,48 @@ class LaserVFL(MissingAlgorithm):
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         cfg, data, part = ctx.config, ctx.data, ctx.partition
-        self.laser_parties: list[LaserParty] = []
+        self.laser_handles: list[LaserHandle] = []
         for k, name in enumerate(self.names):
             blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in SPLITS}
             labels = {s: getattr(data, f"y_{s}") for s in SPLITS}
-            self.laser_parties.append(LaserParty(
+            self.laser_handles.append(LaserHandle(LaserParty(
                 name, k, blocks, labels, representation_model(ctx, k), fusion_head(ctx, cfg.embedding_dim),
                 data.n_classes, (cfg.optimizer, cfg.lr, cfg.weight_decay), seed=cfg.seed,
                 device=ctx.device, dtype=ctx.dtype,
-            ))
+            ), net))
 
-    def parties(self) -> dict[str, object]:
-        return {p.name: p for p in self.laser_parties}
+    def handles(self) -> dict[str, PartyHandle]:
+        return {h.name: h for h in self.laser_handles}
 
-    def _exchange(self, step: int, split: str, ids: np.ndarray, observed: tuple[int, ...], train: bool
-                  ) -> tuple[list[str], list[dict[str, Message]]]:
+    @property
+    def laser_parties(self) -> list[LaserParty]:
+        """The party objects, in process only (protocol set-up, tests; see :meth:`parties`)."""
+        return [local_party(h) for h in self.laser_handles]
+
+    def protocol_hooks(self) -> ProtocolHooks:
+        # every party releases its representation to its peers (feature DP); there is no label party to hook
+        return ProtocolHooks(releasing=dict(self.parties()))  # type: ignore[arg-type]
+
+    def _represent(self, step: int, split: str, ids: np.ndarray, observed: tuple[int, ...], train: bool
+                   ) -> list[str]:
+        """Every observed party sends its representation of rows ``ids`` to the others; returns their names."""
         names = [self.names[k] for k in observed]
         for k, name in zip(observed, names, strict=True):
-            peers = [n for n in names if n != name]
-            msgs = self.laser_parties[k].represent(step, split, ids, peers, train=train)
-            if msgs:
-                self.net.send(*msgs)
-        received = [
-            {o: self.net.receive(name, kind="embedding", sender=o) for o in names if o != name} for name in names
-        ]
-        return names, received
+            self.laser_handles[k].represent(step, split, ids, [n for n in names if n != name], train=train)
+        return names
 
     def train_batch(self, batch: PatternBatch) -> float:
         observed, ids, step = batch.observed, batch.indices, self.step
-        names, received = self._exchange(step, "train", ids, observed, train=True)
-        losses = []
-        for k, got in zip(observed, received, strict=True):
-            loss, grads = self.laser_parties[k].train_heads(step, ids, observed, names, got)
-            losses.append(loss)
-            if grads:
-                self.net.send(*grads)
-        for k, name in zip(observed, names, strict=True):
-            grads = [self.net.receive(name, kind="gradient", sender=o) for o in names if o != name]
-            self.laser_parties[k].apply_gradients(grads)
+        names = self._represent(step, "train", ids, observed, train=True)
+        losses = [self.laser_handles[k].train_heads(step, ids, observed, names) for k in observed]
+        for k in observed:
+            self.laser_handles[k].apply_gradients(names)
         return float(np.mean(losses))
 
     def predict_group(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
-        names, received = self._exchange(self.step, split, ids, observed, train=False)
-        return {
-            k: self.laser_parties[k].predict(observed, names, got).argmax(dim=1).cpu().numpy()
-            for k, got in zip(observed, received, strict=True)
-        }
+        return {k: p.argmax(axis=1) for k, p in self.predict_proba_parties(split, ids, observed).items()}
 
     def predict_proba_parties(self, split: str, ids: np.ndarray, observed: tuple[int, ...]) -> dict[int, np.ndarray]:
         """Class probabilities of each observed party's predictor ``h_(k, observed)`` on rows ``ids``."""
-        names, received = self._exchange(self.step, split, ids, observed, train=False)
-        return {
-            k: self.laser_parties[k].predict(observed, names, got).cpu().numpy()
-            for k, got in zip(observed, received, strict=True)
-        }
+        names = self._represent(self.step, split, ids, observed, train=False)
+        return {k: self.laser_handles[k].predict(observed, names) for k in observed}

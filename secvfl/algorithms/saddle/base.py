@@ -1,7 +1,8 @@
 """The base of the linear saddle-family methods: communication helpers and the run loop.
 
 A method moves ``A_k x_k`` forward (aggregated, or individually where the label party needs each) and a dense vector
-backward, always through the federation's network; :meth:`LinearAlgorithm.run` iterates, records a
+backward, always through the federation's network, and asks the feature parties for their steps through their
+handles; :meth:`LinearAlgorithm.run` iterates, records a
 :class:`~secvfl.algorithms.saddle.monitor.Trace` from the network's own counters and stops at a target, a budget or
 divergence.
 """
@@ -20,6 +21,7 @@ from secvfl.algorithms.saddle.federation import (
     BACKWARD_KIND,
     FORWARD_KIND,
     LABEL,
+    LinearFeatureHandle,
     LinearFederation,
     received_array,
 )
@@ -57,44 +59,52 @@ class LinearAlgorithm(ABC):
         self.t, self.round = int(counters.get("t", 0)), int(counters.get("round", 0))
 
     # -- communication ----------------------------------------------------------------------------------------
+    @staticmethod
+    def meta(rows: Array | None) -> dict[str, Any]:
+        """The public tags of a round's messages: full batch (the same quantity every round), or the batch's rows."""
+        return {"persistent": True} if rows is None else {"rows": ["train", *map(int, rows)]}
+
     def send_forward(
-        self, outputs: dict[str, Array], *, rows: Array | None = None, reuse_absent: bool = False
+        self, parts: Sequence[LinearFeatureHandle], *, point: str = "x", rows: Array | None = None,
+        reuse_absent: bool = False,
     ) -> Array:
-        """Feature parties in ``outputs`` send their ``A_k x_k``; returns what the label party gets: the sum."""
-        net = self.fed.net
-        meta: dict[str, Any] = {"persistent": True} if rows is None else {"rows": ["train", *map(int, rows)]}
-        msgs = [Message(FORWARD_KIND, name, LABEL, self.round, {"value": self.fed.wire(v)}, meta=meta)
-                for name, v in outputs.items()]
+        """The feature parties ``parts`` send ``A_k`` times their point ``point``; returns what the label party gets:
+        the sum."""
         if reuse_absent and not self.fed.individual_messages:
             raise UnsupportedError(
                 "partial participation reuses each absent party's last A_k x_k, which the label party only "
                 f"has with the plain aggregation, not {self.fed.net.aggregation.name}"
             )
+        for h in parts:
+            h.send_output(self.round, self.meta(rows), point=point, rows=rows, aggregated=not reuse_absent)
+        return self.receive_forward([h.name for h in parts], rows=rows, reuse_absent=reuse_absent)
+
+    def receive_forward(self, senders: Sequence[str], *, rows: Array | None = None, reuse_absent: bool = False
+                        ) -> Array:
+        """The label party takes the sum of what ``senders`` sent (their aggregate, or with ``reuse_absent`` each
+        message, adding the last one of every absent party)."""
+        net = self.fed.net
         if reuse_absent:  # the label party keeps each party's latest A_k x_k, so it needs them one by one
-            for m in msgs:
-                net.send(m)
-            for name in outputs:
+            for name in senders:
                 # the label party keeps each party's last A_k x_k (reused while that party is absent)
                 got = received_array(net.receive(LABEL, kind=FORWARD_KIND, sender=name).tensor("value"))
                 self.fed.label.vars[f"last:{name}"] = got
-            names = [p.name for p in self.fed.features] if reuse_absent else list(outputs)
+            names = [h.name for h in self.fed.feature_handles]
             last = {n: self.fed.label.vars.get(f"last:{n}") for n in names}
             missing = [n for n, v in last.items() if v is None]
             if missing:
                 raise UnsupportedError(f"no earlier message from {missing} to reuse")
             total = sum(last[n] for n in names)
         else:
-            total = received_array(net.aggregate(msgs, LABEL, "sum").tensor("value"))
+            total = received_array(net.aggregate_submitted(LABEL, FORWARD_KIND).tensor("value"))
         self.last_sum = (total, rows)  # the label party's latest sum (its training loss comes from it)
         return total
 
-    def send_backward(self, value: Array, receivers: Sequence[str], *, rows: Array | None = None) -> dict[str, Array]:
-        """The label party sends ``value`` to each receiver (one message each); returns what each receives."""
-        net = self.fed.net
-        meta: dict[str, Any] = {"persistent": True} if rows is None else {"rows": ["train", *map(int, rows)]}
+    def send_backward(self, value: Array, receivers: Sequence[str], *, rows: Array | None = None) -> None:
+        """The label party sends ``value`` to each receiver (one message each); they take it with their next step."""
         t = self.fed.wire(value)
-        net.send(*[Message(BACKWARD_KIND, LABEL, r, self.round, {"value": t}, meta=meta) for r in receivers])
-        return {r: received_array(net.receive(r, kind=BACKWARD_KIND, sender=LABEL).tensor("value")) for r in receivers}
+        self.fed.net.send(*[Message(BACKWARD_KIND, LABEL, r, self.round, {"value": t}, meta=self.meta(rows))
+                            for r in receivers])
 
     # -- loop -------------------------------------------------------------------------------------------------
     @abstractmethod
@@ -102,6 +112,7 @@ class LinearAlgorithm(ABC):
         """One iteration (its communication rounds included)."""
 
     def current(self) -> list[Array]:
+        """The feature parties' weights, read in process by the experimenter's monitor (not part of the protocol)."""
         return [p.x for p in self.fed.features]
 
     def averaged(self) -> list[Array] | None:

@@ -55,19 +55,20 @@ class GradientDescent(LinearAlgorithm):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "L": self.L, "step": self.step}
 
-    def _gradient_step(self, points: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Gradient of f at ``points`` (one round), returned per party as ``x_k - step * grad_k``."""
+    def _gradient_step(self, point: str) -> None:
+        """Gradient of f at every party's ``point`` (one round); each party keeps ``point - step * grad_k`` as
+        ``new``."""
         fed = self.fed
-        S = self.send_forward({p.name: p.output(points[p.name]) for p in fed.features})
-        g = self.send_backward(fed.label.loss_grad(S), [p.name for p in fed.features])
+        S = self.send_forward(fed.feature_handles, point=point)
+        self.send_backward(fed.label.loss_grad(S), [h.name for h in fed.feature_handles])
         self.round += 1
-        return {p.name: points[p.name] - self.step * (p.reg_grad(points[p.name]) + p.adjoint(g[p.name]))
-                for p in fed.features}
+        for h in fed.feature_handles:
+            h.operator_step("new", start=point, at=point, gamma=self.step)
 
     def iterate(self) -> None:
-        new = self._gradient_step({p.name: p.x for p in self.fed.features})
-        for p in self.fed.features:
-            p.x = new[p.name]
+        self._gradient_step("x")
+        for h in self.fed.feature_handles:
+            h.assign("x", "new")
         self.t += 1
 
 
@@ -83,8 +84,8 @@ class Nesterov(GradientDescent):
     def __init__(self, fed: LinearFederation, L: float, *, step_multiplier: float = 1.0, seed: int = 0) -> None:
         super().__init__(fed, L, step_multiplier=step_multiplier, seed=seed)
         self.kappa = L / fed.mu if fed.mu > 0 else math.inf
-        for p in fed.features:
-            p.vars.setdefault("x_prev", p.x.copy())
+        for h in fed.feature_handles:
+            h.keep("x_prev", "x")
 
     def _beta(self) -> float:
         if math.isfinite(self.kappa):
@@ -97,11 +98,11 @@ class Nesterov(GradientDescent):
 
     def iterate(self) -> None:
         beta = self._beta()
-        ys = {p.name: p.x + beta * (p.x - p.vars["x_prev"]) for p in self.fed.features}
-        new = self._gradient_step(ys)
-        for p in self.fed.features:
-            p.vars["x_prev"] = p.x
-            p.x = new[p.name]
+        for h in self.fed.feature_handles:
+            h.extrapolate("y", beta)
+        self._gradient_step("y")
+        for h in self.fed.feature_handles:
+            h.assign("x", "new", previous="x_prev")
         self.t += 1
 
 
@@ -115,14 +116,14 @@ class ADMM(LinearAlgorithm):
         if not rho > 0:
             raise ConfigError(f"ADMM penalty rho must be positive, got {rho}")
         self.rho = float(rho)
-        K = len(fed.features)
+        K = len(fed.feature_handles)
         lab = fed.label
         lab.vars.setdefault("zbar", np.zeros_like(lab.z))
         lab.vars.setdefault("u", np.zeros_like(lab.z))
         lab.vars.setdefault("xbar", np.zeros_like(lab.z))
         self.K = K
-        for p in fed.features:
-            p.vars.setdefault("Ax", np.zeros((fed.n, p.n_outputs)))
+        for h in fed.feature_handles:
+            h.keep("Ax", "zero-output")
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "rho": self.rho}
@@ -130,15 +131,11 @@ class ADMM(LinearAlgorithm):
     def iterate(self) -> None:
         fed, lab, K, rho = self.fed, self.fed.label, self.K, self.rho
         v = lab.vars["xbar"] - lab.vars["zbar"] + lab.vars["u"]
-        got = self.send_backward(v, [p.name for p in fed.features])
-        outputs = {}
-        for p in fed.features:
-            # argmin (mu/2)||x||^2 + (rho/2)||A x - (A x^t - v)||^2  ->  (mu I + rho A^T A) x = rho A^T (A x^t - v)
-            target = p.vars["Ax"] - got[p.name]
-            p.x = p.solve_regularised(rho, rho * p.adjoint(target))
-            p.vars["Ax"] = p.output()
-            outputs[p.name] = p.vars["Ax"]
-        S = self.send_forward(outputs)
+        names = [h.name for h in fed.feature_handles]
+        self.send_backward(v, names)
+        for h in fed.feature_handles:
+            h.admm_step(self.round, self.meta(None), rho=rho)  # the party's x-update; it sends its new A_k x_k
+        S = self.receive_forward(names)
         self.round += 1
         xbar = S / K
         # zbar-update: w = K zbar minimises (1/N) loss(w) + (rho / (2K)) ||w - K (u + xbar)||^2, row by row

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from secvfl.algorithms.saddle.base import LinearAlgorithm
-from secvfl.algorithms.saddle.federation import LinearFeatureParty, LinearFederation
+from secvfl.algorithms.saddle.federation import LinearFeatureHandle, LinearFederation
 from secvfl.errors import ConfigError, UnsupportedError
 
 __all__ = ["StepSizes", "ExtraGradient"]
@@ -104,8 +104,8 @@ class ExtraGradient(LinearAlgorithm):
         self.p = participation
         self.batch_size = batch_size
         self._avg_count = 0
-        for p in fed.features:
-            p.vars.setdefault("x_avg", np.zeros_like(p.x))
+        for h in fed.feature_handles:
+            h.keep("x_avg", "zeros")
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -134,41 +134,41 @@ class ExtraGradient(LinearAlgorithm):
             self._iterate_full()
         self.t += 1
 
-    def _participants(self) -> list[LinearFeatureParty]:
+    def _participants(self) -> list[LinearFeatureHandle]:
         if self.p >= 1.0:
-            return self.fed.features
-        mask = self._draw().random(len(self.fed.features)) < self.p
+            return self.fed.feature_handles
+        mask = self._draw().random(len(self.fed.feature_handles)) < self.p
         if not any(k.startswith("last:") for k in self.fed.label.vars):
             mask[:] = True  # everyone's first message (also after a resume) exists before anyone can reuse it
-        return [p for p, m in zip(self.fed.features, mask, strict=True) if m]
+        return [h for h, m in zip(self.fed.feature_handles, mask, strict=True) if m]
 
-    def _round(self, parts: list[LinearFeatureParty], xs: dict[str, Array], lam: Array) -> tuple[Array, dict[str, Array]]:
-        """One communication round: outputs ``A_k xs[k]`` forward, ``lam`` backward."""
-        S = self.send_forward({p.name: p.output(xs[p.name]) for p in parts}, reuse_absent=self.p < 1.0)
-        lam_k = self.send_backward(lam, [p.name for p in parts])
+    def _round(self, parts: list[LinearFeatureHandle], point: str, lam: Array, rows: Array | None = None) -> Array:
+        """One communication round: outputs ``A_k point`` forward (the sum is returned), ``lam`` backward."""
+        S = self.send_forward(parts, point=point, rows=rows, reuse_absent=self.p < 1.0)
+        self.send_backward(lam, [h.name for h in parts], rows=rows)
         self.round += 1
-        return S, lam_k
+        return S
 
     def _iterate_full(self) -> None:
         g, lab = self.steps, self.fed.label
         parts = self._participants()
         # F at w^t
-        S, lam_k = self._round(parts, {p.name: p.x for p in parts}, lab.lam)
-        xh = {p.name: p.x - g.x * p.operator(p.x, lam_k[p.name]) for p in parts}
+        S = self._round(parts, "x", lab.lam)
+        for h in parts:
+            h.operator_step("xh", start="x", at="x", gamma=g.x)
         Fz, Fl = lab.operator(lab.z, lab.lam, S)
         zh, lh = lab.z - g.z * Fz, lab.lam - g.lam * Fl
         # F at w^{t+1/2}
-        Sh, lh_k = self._round(parts, xh, lh)
-        for p in parts:
-            p.x = p.x - g.x * p.operator(xh[p.name], lh_k[p.name])
+        Sh = self._round(parts, "xh", lh)
+        for h in parts:
+            h.operator_step("x", start="x", at="xh", gamma=g.x)
         Fz, Fl = lab.operator(zh, lh, Sh)
         lab.z, lab.lam = lab.z - g.z * Fz, lab.lam - g.lam * Fl
         # running average of the half-step iterates (the ergodic EG iterate); absent parties average their x
         self._avg_count += 1
         w = 1.0 / self._avg_count
-        for p in self.fed.features:
-            point = xh.get(p.name, p.x)
-            p.vars["x_avg"] += w * (point - p.vars["x_avg"])
+        for h in self.fed.feature_handles:
+            h.average("x_avg", "xh" if h in parts else "x", w)
 
     def _iterate_batch(self) -> None:
         g, lab, fed = self.steps, self.fed.label, self.fed
@@ -176,23 +176,19 @@ class ExtraGradient(LinearAlgorithm):
         assert b is not None
         rows = np.sort(self._draw().choice(fed.n, size=b, replace=False))
         scale = fed.n / b
-        parts = fed.features
-        names = [p.name for p in parts]
+        parts = fed.feature_handles
         z, lam = lab.z[rows], lab.lam[rows]
-        S = self.send_forward({p.name: p.output(p.x, rows=rows) for p in parts}, rows=rows)
-        lam_k = self.send_backward(lam, names, rows=rows)
-        self.round += 1
-        xh = {p.name: p.x - g.x * p.operator(p.x, lam_k[p.name], rows=rows, scale=scale) for p in parts}
+        S = self._round(parts, "x", lam, rows)
+        for h in parts:
+            h.operator_step("xh", start="x", at="x", gamma=g.x, rows=rows, scale=scale)
         Fz, Fl = lab.operator(z, lam, S, rows=rows)
         zh, lh = z - g.z * Fz, lam - g.lam * Fl
-        Sh = self.send_forward({p.name: p.output(xh[p.name], rows=rows) for p in parts}, rows=rows)
-        lh_k = self.send_backward(lh, names, rows=rows)
-        self.round += 1
-        for p in parts:
-            p.x = p.x - g.x * p.operator(xh[p.name], lh_k[p.name], rows=rows, scale=scale)
+        Sh = self._round(parts, "xh", lh, rows)
+        for h in parts:
+            h.operator_step("x", start="x", at="xh", gamma=g.x, rows=rows, scale=scale)
         Fz, Fl = lab.operator(zh, lh, Sh, rows=rows)
         lab.z[rows], lab.lam[rows] = z - g.z * Fz, lam - g.lam * Fl
         self._avg_count += 1
         w = 1.0 / self._avg_count
-        for p in parts:
-            p.vars["x_avg"] += w * (xh[p.name] - p.vars["x_avg"])
+        for h in parts:
+            h.average("x_avg", "xh", w)

@@ -6,6 +6,11 @@ crosses the federation's :class:`~secvfl.transport.network.Network` as messages 
 x_k``), ``gradient`` (backward: ``lambda``, ``grad l`` or a residual) and ``control`` (the power iteration of
 :func:`power_lambda_max`), so protocol layers apply and the network counts every byte (and the payload bytes the
 experiments report as floats transmitted).
+
+The methods reach a feature party only through its :class:`LinearFeatureHandle` (:mod:`secvfl.handles`): requests
+name the party's points (``x``, the half-step iterate ``xh``, ...) and the public step sizes, and the party computes
+its block's steps itself. The label party's variables are the other half of the optimiser, and the coordinator, which
+runs in the label party's process, holds it directly.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from secvfl.algorithms.saddle.losses import Loss, make_loss
 from secvfl.errors import ConfigError, DataError
+from secvfl.handles import LocalHandle, local_party, request
 from secvfl.messages import Message
 from secvfl.transport.base import CommStats
 from secvfl.transport.layers import Aggregation, AlgorithmTraits, Layer, Role
@@ -33,6 +39,7 @@ __all__ = [
     "CONTROL_KIND",
     "SADDLE_TRAITS",
     "LinearFeatureParty",
+    "LinearFeatureHandle",
     "LinearLabelParty",
     "LinearFederation",
     "build_federation",
@@ -84,7 +91,8 @@ class LinearFeatureParty:
         self.n_outputs = n_outputs
         self.mu = float(mu)
         self.x = np.zeros((self.d, n_outputs))
-        self.vars: dict[str, Array] = {}  # algorithm state kept by this party (half-step iterates, momentum, ...)
+        self.vars: dict[str, Array] = {}  # algorithm state kept by this party across iterations (averages, momentum)
+        self.scratch: dict[str, Array] = {}  # points of the current iteration only (half-step iterate, ...)
 
     def __repr__(self) -> str:
         return f"LinearFeatureParty({self.name!r}, d={self.d})"
@@ -131,6 +139,20 @@ class LinearFeatureParty:
         L = self.vars[key]
         return np.linalg.solve(L.T, np.linalg.solve(L, rhs))
 
+    def point(self, name: str) -> Array:
+        """``x``, a kept variable or a point of the current iteration, by name."""
+        if name == "x":
+            return self.x
+        return self.vars[name] if name in self.vars else self.scratch[name]
+
+    def set_point(self, name: str, value: Array) -> None:
+        if name == "x":
+            self.x = value
+        elif name in self.vars:
+            self.vars[name] = value
+        else:
+            self.scratch[name] = value
+
     def state_dict(self) -> dict:
         return {"x": torch.from_numpy(self.x.copy()),
                 "vars": {k: torch.from_numpy(np.array(v)) for k, v in self.vars.items() if not k.startswith("chol:")}}
@@ -138,6 +160,95 @@ class LinearFeatureParty:
     def load_state_dict(self, state: dict) -> None:
         self.x = state["x"].numpy().copy()
         self.vars = {k: v.numpy().copy() for k, v in state["vars"].items()}
+
+
+class LinearFeatureHandle(LocalHandle):
+    """A :class:`LinearFeatureParty`: requests name the party's points (``x``, a kept variable such as ``x_avg``, or a
+    point of the current iteration such as the half-step ``xh``) and the public step sizes; the party takes the
+    label party's messages from the network and computes its block's steps itself. Values travel as ``wire_dtype``."""
+
+    _party: LinearFeatureParty
+
+    def __init__(self, party: LinearFeatureParty, net: Network, wire_dtype: torch.dtype) -> None:
+        super().__init__(party, net)
+        self._wire_dtype = wire_dtype
+
+    def _value(self, v: Array) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(v)).to(self._wire_dtype)
+
+    def _submit(self, step: int, value: Array, meta: dict[str, Any], aggregated: bool) -> None:
+        message = Message(FORWARD_KIND, self.name, LABEL, step, {"value": self._value(value)}, meta=meta)
+        if aggregated:
+            self._net.submit(message)
+        else:
+            self._net.send(message)
+
+    def _dual(self) -> Array:
+        return received_array(self._receive(BACKWARD_KIND, LABEL).tensor("value"))
+
+    @request
+    def keep(self, name: str, initial: str) -> None:
+        """Keep the variable ``name`` across iterations (checkpointed) from now on, starting as ``initial``: "x" (a
+        copy of x), "zeros" (x's shape) or "zero-output" (the shape of ``A_k x``). A kept one (a resumed run) stays."""
+        p = self._party
+        if name not in p.vars:
+            starts = {"x": p.x.copy, "zeros": lambda: np.zeros_like(p.x),
+                      "zero-output": lambda: np.zeros((p.rows("train"), p.n_outputs))}
+            p.vars[name] = starts[initial]()
+
+    @request
+    def send_output(self, step: int, meta: dict[str, Any], *, point: str = "x", split: str = "train",
+                    rows: Array | None = None, aggregated: bool = True) -> None:
+        """``A_k`` times the point ``point`` (on rows ``rows`` of ``split``), for the label party: its input to the
+        aggregation (``aggregated``) or a message of its own."""
+        p = self._party
+        self._submit(step, p.output(p.point(point), split=split, rows=rows), meta, aggregated)
+
+    @request
+    def operator_step(self, dst: str, *, start: str, at: str, gamma: float, rows: Array | None = None,
+                      scale: float = 1.0) -> None:
+        """Take the dual the label party sent and set ``dst = start - gamma * F_k(at)``, F_k this block of the
+        operator (``scale``: the batch estimate's factor on rows ``rows``)."""
+        p = self._party
+        lam = self._dual()
+        p.set_point(dst, p.point(start) - gamma * p.operator(p.point(at), lam, rows=rows, scale=scale))
+
+    @request
+    def extrapolate(self, dst: str, beta: float) -> None:
+        """``dst = x + beta (x - x_prev)`` (Nesterov's momentum point)."""
+        p = self._party
+        p.set_point(dst, p.x + beta * (p.x - p.vars["x_prev"]))
+
+    @request
+    def assign(self, dst: str, src: str, *, previous: str | None = None) -> None:
+        """``dst = src``; with ``previous``, the old ``dst`` is kept there first."""
+        p = self._party
+        if previous is not None:
+            p.set_point(previous, p.point(dst))
+        p.set_point(dst, p.point(src))
+
+    @request
+    def average(self, into: str, point: str, weight: float) -> None:
+        """The running average ``into += weight (point - into)``."""
+        p = self._party
+        p.vars[into] += weight * (p.point(point) - p.vars[into])
+
+    @request
+    def admm_step(self, step: int, meta: dict[str, Any], *, rho: float) -> None:
+        """ADMM's x-update from the label party's ``v``: ``argmin (mu/2)||x||^2 + (rho/2)||A x - (A x^t - v)||^2``,
+        then ``A_k x`` to the aggregation."""
+        p = self._party
+        target = p.vars["Ax"] - self._dual()
+        # (mu I + rho A^T A) x = rho A^T (A x^t - v)
+        p.x = p.solve_regularised(rho, rho * p.adjoint(target))
+        p.vars["Ax"] = p.output()
+        self._submit(step, p.vars["Ax"], meta, True)
+
+    @request
+    def gram_reply(self, step: int) -> None:
+        """The power iteration: ``A_k A_k^T v`` back to the label party for the vector ``v`` it sent."""
+        got = received_array(self._receive(CONTROL_KIND, LABEL).tensor("vector"))
+        self._send([Message(CONTROL_KIND, self.name, LABEL, step, {"vector": self._value(self._party.gram_apply(got))})])
 
 
 class LinearLabelParty:
@@ -195,10 +306,11 @@ class LinearLabelParty:
 
 @dataclass
 class LinearFederation:
-    """The parties of one linear VFL problem and the network between them."""
+    """The parties of one linear VFL problem and the network between them: the feature parties' handles and the
+    label party, whose variables are the coordinator's half of the optimiser (see the module docstring)."""
 
     net: Network
-    features: list[LinearFeatureParty]
+    feature_handles: list[LinearFeatureHandle]
     label: LinearLabelParty
     mu: float
     wire_dtype: torch.dtype = torch.float64  # what a value costs on the wire; parties compute in float64 either way
@@ -206,6 +318,12 @@ class LinearFederation:
     @property
     def n(self) -> int:
         return self.label.n
+
+    @property
+    def features(self) -> list[LinearFeatureParty]:
+        """The feature party objects, in process only: for the experimenter's :class:`~secvfl.algorithms.saddle.
+        monitor.Monitor` and tests, never for the methods' iterations."""
+        return [local_party(h) for h in self.feature_handles]
 
     def wire(self, v: Array) -> torch.Tensor:
         """``v`` as a message carries it (in :attr:`wire_dtype`)."""
@@ -299,7 +417,8 @@ def build_federation(
         if aggregation is not None:
             roles.update(aggregation.extra_roles())
         net = Network(roles, layers=layers, aggregation=aggregation, traits=traits)
-    return LinearFederation(net, features, label, float(mu), wire_dtype)
+    handles = [LinearFeatureHandle(p, net, wire_dtype) for p in features]
+    return LinearFederation(net, handles, label, float(mu), wire_dtype)
 
 
 def power_lambda_max(fed: LinearFederation, *, iters: int = 100, tol: float = 1e-6, seed: int = 0) -> float:
@@ -316,11 +435,11 @@ def power_lambda_max(fed: LinearFederation, *, iters: int = 100, tol: float = 1e
     est = 0.0
     net = fed.net
     for it in range(iters):
-        net.send(*[Message(CONTROL_KIND, LABEL, p.name, it, {"vector": fed.wire(v)}) for p in fed.features])
-        for p in fed.features:
-            got = received_array(net.receive(p.name, kind=CONTROL_KIND, sender=LABEL).tensor("vector"))
-            net.send(Message(CONTROL_KIND, p.name, LABEL, it, {"vector": fed.wire(p.gram_apply(got))}))
-        w = sum(received_array(net.receive(LABEL, kind=CONTROL_KIND, sender=p.name).tensor("vector")) for p in fed.features)
+        net.send(*[Message(CONTROL_KIND, LABEL, h.name, it, {"vector": fed.wire(v)}) for h in fed.feature_handles])
+        for h in fed.feature_handles:
+            h.gram_reply(it)
+        w = sum(received_array(net.receive(LABEL, kind=CONTROL_KIND, sender=h.name).tensor("vector"))
+                for h in fed.feature_handles)
         new = float(v @ w)
         norm = float(np.linalg.norm(w))
         if norm == 0.0:

@@ -11,6 +11,9 @@ Each mini-batch ``B`` is one stochastic ExtraGradient iteration of two rounds (f
 so there is no guarantee beyond stationarity; the point is that the same extensions (compression of both
 directions, partial participation, noise) apply unchanged.
 
+As in the linear family, the optimiser reaches a feature party only through its :class:`MLPFeatureHandle` (the
+party keeps its own snapshots of ``theta``: ``theta^t`` and the half step) and holds the label party directly.
+
 A row seen for the first time starts at ``z_n = sum_k f_k(a_nk)`` and ``lambda_n = grad loss(z_n)`` (the label
 party computes both from what it received), i.e. on the saddle manifold of the current model, instead of at zero,
 where the first updates would point the wrong way. Step sizes: ``1/curvature`` for ``z`` and ``curvature/2`` for
@@ -34,11 +37,12 @@ from torch.func import functional_call
 from secvfl.algorithms.saddle.federation import BACKWARD_KIND, FORWARD_KIND, LABEL
 from secvfl.algorithms.saddle.losses import Loss, make_loss
 from secvfl.errors import ConfigError
+from secvfl.handles import LocalHandle, request
 from secvfl.messages import Message
-from secvfl.parties import make_optimizer
+from secvfl.parties import OPTIMIZERS, make_optimizer
 from secvfl.transport.network import Network
 
-__all__ = ["MLPFeatureParty", "MLPLabelParty", "SaddleMLP", "build_mlp_saddle"]
+__all__ = ["MLPFeatureParty", "MLPFeatureHandle", "MLPLabelParty", "SaddleMLP", "build_mlp_saddle"]
 
 Params = dict[str, torch.Tensor]
 
@@ -55,6 +59,7 @@ class MLPFeatureParty:
         self.dtype = dtype
         # weight decay is the r(theta) of the saddle problem, inside the operator, so not the optimizer's
         self.optimizer = make_optimizer(self.model.parameters(), optimizer, lr)
+        self.snapshots: dict[str, Params] = {}  # this batch's theta^t and half step, by name
 
     def __repr__(self) -> str:
         return f"MLPFeatureParty({self.name!r})"
@@ -101,6 +106,37 @@ class MLPFeatureParty:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
+class MLPFeatureHandle(LocalHandle):
+    """A :class:`MLPFeatureParty`: requests name the party's snapshots of its parameters (``theta^t`` as "start",
+    the half step as "half"); the party takes the label party's ``lambda`` from the network and steps itself."""
+
+    _party: MLPFeatureParty
+
+    @request
+    def snapshot(self, name: str) -> None:
+        """Keep the current parameters as ``name``."""
+        self._party.snapshots[name] = self._party.snapshot()
+
+    @request
+    def send_output(self, step: int, meta: dict[str, Any], *, split: str, rows: np.ndarray,
+                    params: str | None = None) -> None:
+        """The model's output on rows ``rows`` of ``split`` (at the snapshot ``params``, else the current
+        parameters), submitted to the aggregation for the label party."""
+        p = self._party
+        out = p.output(split, rows, p.snapshots[params] if params is not None else None)
+        self._net.submit(Message(FORWARD_KIND, self.name, LABEL, step, {"value": out}, meta=meta))
+
+    @request
+    def step_from(self, *, at: str, rows: np.ndarray, into: str | None = None) -> None:
+        """Take the ``lambda`` the label party sent and step from "start" along the operator at the snapshot
+        ``at``; with ``into``, keep the result as that snapshot."""
+        p = self._party
+        lam = self._receive(BACKWARD_KIND, LABEL).tensor("value")
+        result = p.step_from(p.snapshots["start"], rows, lam, at=p.snapshots[at])
+        if into is not None:
+            p.snapshots[into] = result
+
+
 class MLPLabelParty:
     """Labels, the loss, and the per-sample ``z`` and ``lambda`` (scaled by N) of the training rows."""
 
@@ -115,6 +151,12 @@ class MLPLabelParty:
         self.z = np.zeros((n, self.C))
         self.lam = np.zeros((n, self.C))
         self.seen = np.zeros(n, dtype=bool)
+
+    def rows(self, split: str) -> int:
+        return len(self._y[split])
+
+    def labels(self, split: str) -> np.ndarray:
+        return self._y[split]
 
     def row_grad(self, z: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Per-row gradient of ``loss`` (not divided by N)."""
@@ -139,37 +181,42 @@ class SaddleMLP:
 
     method: ClassVar[str] = "eg-mlp"
 
-    def __init__(self, net: Network, features: Sequence[MLPFeatureParty], label: MLPLabelParty, *,
-                 batch_size: int, z_step: float | None = None, lam_step: float | None = None, seed: int = 0) -> None:
-        self.net, self.features, self.label = net, list(features), label
+    def __init__(self, net: Network, features: Sequence[MLPFeatureHandle], label: MLPLabelParty, *,
+                 batch_size: int, z_step: float | None = None, lam_step: float | None = None, seed: int = 0,
+                 dtype: torch.dtype = torch.float32, optimizer: str = "sgd", lr: float = 0.05) -> None:
+        self.net, self.feature_handles, self.label = net, list(features), label
         curv = label.loss.curvature()
         self.z_step = z_step if z_step is not None else 1.0 / curv
         self.lam_step = lam_step if lam_step is not None else 0.5 * curv
         self.batch_size = batch_size
         self.seed = seed
+        self.dtype = dtype  # the parties' (and the wire's) dtype
+        self.optimizer, self.lr = optimizer, lr
         self.step = 0
 
     # -- communication ----------------------------------------------------------------------------------------
-    def _forward(self, outs: dict[str, torch.Tensor], rows: np.ndarray, split: str = "train") -> np.ndarray:
+    def _forward(self, rows: np.ndarray, split: str = "train", params: str | None = None) -> np.ndarray:
+        """Every feature party's output on ``rows`` (at its snapshot ``params``): the sum the label party gets."""
         meta: dict[str, Any] = {"rows": [split, *map(int, rows)]}
         if split != "train":
             meta["eval"] = True  # prediction traffic (a compression layer sends it dense by default)
-        msgs = [Message(FORWARD_KIND, n, LABEL, self.step, {"value": v}, meta=meta) for n, v in outs.items()]
-        return self.net.aggregate(msgs, LABEL, "sum").tensor("value").to(torch.float64).numpy()
+        for h in self.feature_handles:
+            h.send_output(self.step, meta, split=split, rows=rows, params=params)
+        return self.net.aggregate_submitted(LABEL, FORWARD_KIND).tensor("value").to(torch.float64).numpy()
 
-    def _backward(self, lam: np.ndarray, names: Sequence[str], rows: np.ndarray, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    def _backward(self, lam: np.ndarray, names: Sequence[str], rows: np.ndarray, dtype: torch.dtype) -> None:
         t = torch.as_tensor(lam, dtype=dtype)
         meta = {"rows": ["train", *map(int, rows)]}
         self.net.send(*[Message(BACKWARD_KIND, LABEL, n, self.step, {"value": t}, meta=meta) for n in names])
-        return {n: self.net.receive(n, kind=BACKWARD_KIND, sender=LABEL).tensor("value") for n in names}
 
     # -- training ---------------------------------------------------------------------------------------------
     def train_batch(self, rows: np.ndarray) -> float:
         lab = self.label
-        parts = self.features
-        names = [p.name for p in parts]
-        params = {p.name: p.snapshot() for p in parts}
-        S = self._forward({p.name: p.output("train", rows, params[p.name]) for p in parts}, rows)
+        parts = self.feature_handles
+        names = [h.name for h in parts]
+        for h in parts:
+            h.snapshot("start")
+        S = self._forward(rows, params="start")
         fresh = ~lab.seen[rows]
         if fresh.any():  # start unseen rows on the saddle manifold of the current model
             r = rows[fresh]
@@ -177,17 +224,17 @@ class SaddleMLP:
             lab.lam[r] = lab.row_grad(S[fresh], r)
             lab.seen[r] = True
         z, lam = lab.z[rows], lab.lam[rows]
-        dtype = parts[0].dtype
-        lam_k = self._backward(lam, names, rows, dtype)
+        self._backward(lam, names, rows, self.dtype)
         self.step += 1
-        half = {p.name: p.step_from(params[p.name], rows, lam_k[p.name], at=params[p.name]) for p in parts}
+        for h in parts:
+            h.step_from(at="start", into="half", rows=rows)
         zh = z - self.z_step * (lab.row_grad(z, rows) - lam)
         lh = lam + self.lam_step * (S - z)
-        Sh = self._forward({p.name: p.output("train", rows, half[p.name]) for p in parts}, rows)
-        lh_k = self._backward(lh, names, rows, dtype)
+        Sh = self._forward(rows, params="half")
+        self._backward(lh, names, rows, self.dtype)
         self.step += 1
-        for p in parts:
-            p.step_from(params[p.name], rows, lh_k[p.name], at=half[p.name])
+        for h in parts:
+            h.step_from(at="half", rows=rows)
         lab.z[rows] = z - self.z_step * (lab.row_grad(zh, rows) - lh)
         lab.lam[rows] = lam + self.lam_step * (Sh - zh)
         return lab.batch_loss(S, rows)
@@ -200,11 +247,11 @@ class SaddleMLP:
 
     def predict_scores(self, split: str, eval_batch: int = 4096) -> np.ndarray:
         """Sum of the bottom outputs on ``split`` (the feature parties send them to the label party)."""
-        n = self.features[0]._x[split].shape[0]
+        n = self.label.rows(split)
         out = []
         for start in range(0, n, eval_batch):
             rows = np.arange(start, min(n, start + eval_batch))
-            out.append(self._forward({p.name: p.output(split, rows) for p in self.features}, rows, split))
+            out.append(self._forward(rows, split))
             self.step += 1
         return np.concatenate(out) if out else np.zeros((0, self.label.C))
 
@@ -213,8 +260,7 @@ class SaddleMLP:
         return {"accuracy": self.label.accuracy(s, split), "loss": self.label.loss.value(s, self.label._t[split])}
 
     def describe(self) -> dict[str, Any]:
-        opt = self.features[0].optimizer
-        return {"method": self.method, "optimizer": type(opt).__name__, "lr": opt.param_groups[0]["lr"],
+        return {"method": self.method, "optimizer": OPTIMIZERS[self.optimizer].__name__, "lr": self.lr,
                 "z_step": self.z_step, "lambda_step": self.lam_step, "batch_size": self.batch_size}
 
 
@@ -239,4 +285,5 @@ def build_mlp_saddle(
                              dtype=dtype, optimizer=optimizer, lr=lr)
              for k, b in enumerate(blocks)]
     lab = MLPLabelParty(LABEL, labels, loss_obj, n_classes)
-    return SaddleMLP(net, feats, lab, batch_size=batch_size, seed=seed)
+    return SaddleMLP(net, [MLPFeatureHandle(p, net) for p in feats], lab, batch_size=batch_size, seed=seed, dtype=dtype,
+                     optimizer=optimizer, lr=lr)

@@ -11,8 +11,7 @@ default; one "epoch" is ``--saddle-iters`` iterations (default 100). The logged 
 pass of ``--batch-size`` batches; ``--optimizer``/``--lr`` step the model parameters as for every neural algorithm
 (default adam, 1e-3: ExtraAdam; ``--optimizer sgd --lr 0.05`` is plain EG).
 
-Flags (:mod:`secvfl.algorithms.saddle.flags`; they join through the protocol-plugin mechanism, like the
-missing-feature flags, and add no layer):
+Options (:class:`secvfl.algorithms.saddle.flags.SaddleOptions`, the family's ``options_type``):
 ``--saddle-mu`` (L2 regularisation, default 1e-3, or ``--weight-decay`` when given), ``--saddle-step
 scaled|theory``, ``--saddle-step-mult``, ``--saddle-participation P``, ``--saddle-batch B`` (0: full batch),
 ``--saddle-iters``, ``--saddle-loss``, ``--admm-rho`` (in units of 1/N).
@@ -49,9 +48,10 @@ from secvfl.algorithms.saddle.federation import (
     build_federation,
     power_lambda_max,
 )
+from secvfl.algorithms.saddle.flags import SaddleOptions
 from secvfl.algorithms.saddle.methods import build_method
 from secvfl.errors import UnsupportedError
-from secvfl.messages import Message
+from secvfl.handles import LocalHandle, PartyHandle
 from secvfl.metrics import classification_metrics
 from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
@@ -59,8 +59,9 @@ from secvfl.transport.network import Network
 __all__ = ["LinearSaddleTrainer", "EGTrainer", "GDTrainer", "NesterovTrainer", "ADMMTrainer", "SaddleMLPTrainer"]
 
 
-def _traits(name: str) -> AlgorithmTraits:
-    return AlgorithmTraits(name, "sum", forward_kinds=(FORWARD_KIND,), backward_kinds=(BACKWARD_KIND,))
+def _traits(name: str, *, persistent: bool = False) -> AlgorithmTraits:
+    return AlgorithmTraits(name, "sum", forward_kinds=(FORWARD_KIND,), backward_kinds=(BACKWARD_KIND,),
+                           persistent_messages=persistent)
 
 
 def _require_complete(ctx: RunContext, name: str) -> None:
@@ -71,31 +72,30 @@ def _require_complete(ctx: RunContext, name: str) -> None:
 
 
 def _loss_name(ctx: RunContext) -> str:
-    name = ctx.config.option("saddle_loss") or "auto"
-    if name == "auto":
-        return "logistic" if ctx.data.n_classes == 2 else "softmax"
-    return str(name)
+    return ctx.config.options_for(SaddleOptions).loss(ctx.data.n_classes)
 
 
 class LinearSaddleTrainer(Algorithm):
     """A linear model trained by one of the saddle-family methods; subclasses set ``name``."""
 
     name: ClassVar[str] = "eg"
-    traits: ClassVar[AlgorithmTraits] = _traits("eg")
-    persistent_messages: ClassVar[bool] = True  # full-batch messages carry the same quantity every round
+    # full-batch messages carry the same quantity every round (AlgorithmTraits.persistent_messages)
+    traits: ClassVar[AlgorithmTraits] = _traits("eg", persistent=True)
+    options_type = SaddleOptions
     uses_lambda_max: ClassVar[bool] = True  # its step sizes need lambda_max(A^T A) (ADMM's penalty does not)
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         _require_complete(ctx, self.name)
         cfg, data, part = ctx.config, ctx.data, ctx.partition
-        mu = cfg.option("saddle_mu")
-        mu = float(mu) if mu is not None else (cfg.weight_decay if cfg.weight_decay > 0 else 1e-3)
+        self.options = cfg.options_for(SaddleOptions)
+        mu = self.options.saddle_mu
+        mu = mu if mu is not None else (cfg.weight_decay if cfg.weight_decay > 0 else 1e-3)
         # the run's features are standardised (centred), hence the intercept; see build_federation
         self.fed = build_federation(data.X_train, data.y_train, data.X_test, data.y_test, val=(data.X_val, data.y_val),
                                     blocks=part.blocks, loss=_loss_name(ctx), mu=mu, n_classes=data.n_classes,
                                     net=net, intercept=True, wire_dtype=ctx.dtype)
-        self.iters = int(cfg.option("saddle_iters") or 100)
+        self.iters = self.options.saddle_iters or 100
         self._method: LinearAlgorithm | None = None
         self._counters = {"t": 0, "round": 0, "avg_count": 0}
 
@@ -105,15 +105,14 @@ class LinearSaddleTrainer(Algorithm):
         traffic counted in the run's bytes; the label party keeps it with its state, so a resumed run, which builds
         the optimiser after restoring the parties, neither repeats nor recounts that traffic."""
         if self._method is None:
-            cfg, lab = self.cfg, self.fed.label
+            cfg, lab, o = self.cfg, self.fed.label, self.options
             if self.uses_lambda_max and "lambda_max" not in lab.vars:
                 lab.vars["lambda_max"] = np.array(power_lambda_max(self.fed, seed=cfg.seed))
             self._method = build_method(
                 self.fed, self.name, lam_max=float(lab.vars["lambda_max"]) if "lambda_max" in lab.vars else None,
-                step=cfg.option("saddle_step") or "scaled", multiplier=float(cfg.option("saddle_step_mult") or 1.0),
-                participation=float(cfg.option("saddle_participation") or 1.0),
-                batch_size=int(cfg.option("saddle_batch") or 0) or None,
-                admm_rho=float(cfg.option("admm_rho") or 1.0), seed=cfg.seed)
+                step=o.saddle_step or "scaled", multiplier=o.saddle_step_mult or 1.0,
+                participation=o.saddle_participation or 1.0, batch_size=o.saddle_batch or None,
+                admm_rho=o.admm_rho or 1.0, seed=cfg.seed)
             self._method.set_counters(self._counters)
         return self._method
 
@@ -133,18 +132,21 @@ class LinearSaddleTrainer(Algorithm):
         return {"loss": float(np.mean(losses))}
 
     def evaluate(self, split: str) -> dict[str, float]:
-        if self.ctx.rows(split) == 0:
+        n = self.ctx.rows(split)
+        if n == 0:
             return {}
-        n = self.fed.features[0].rows(split)
         meta = {"rows": {"s": split, "range": [0, n]}, "eval": True}
-        msgs = [Message(FORWARD_KIND, p.name, LABEL, self.method.round, {"value": self.fed.wire(p.output(split=split))},
-                        meta=meta) for p in self.fed.features]
-        z = self.net.aggregate(msgs, LABEL, "sum").tensor("value").to(torch.float64).numpy()
+        round_ = self.method.round
+        for h in self.fed.feature_handles:
+            h.send_output(round_, meta, split=split)
+        z = self.net.aggregate_submitted(LABEL, FORWARD_KIND).tensor("value").to(torch.float64).numpy()
         lab = self.fed.label
         return classification_metrics(lab.labels(split), lab.loss.proba(z))
 
-    def parties(self) -> dict[str, object]:
-        return {**{p.name: p for p in self.fed.features}, LABEL: self.fed.label}
+    def handles(self) -> dict[str, PartyHandle]:
+        # the label party's variables are the optimiser's own (it runs in the label party's process): held directly,
+        # its state saved through a handle like every party's
+        return {**{h.name: h for h in self.fed.feature_handles}, LABEL: LocalHandle(self.fed.label, self.net)}
 
     def state_dict(self) -> dict:
         counters = self._counters if self._method is None else {"avg_count": 0, **self._method.counters()}
@@ -163,7 +165,7 @@ class EGTrainer(LinearSaddleTrainer):
     """ExtraGradient on the saddle-point reformulation (Beznosikov et al.)."""
 
     name = "eg"
-    traits = _traits("eg")
+    traits = _traits("eg", persistent=True)
 
 
 @ALGORITHMS.register("gd")
@@ -171,7 +173,7 @@ class GDTrainer(LinearSaddleTrainer):
     """Gradient descent on the minimisation form (baseline of the saddle-point family)."""
 
     name = "gd"
-    traits = _traits("gd")
+    traits = _traits("gd", persistent=True)
 
 
 @ALGORITHMS.register("nesterov")
@@ -179,7 +181,7 @@ class NesterovTrainer(LinearSaddleTrainer):
     """Nesterov's accelerated gradient on the minimisation form."""
 
     name = "nesterov"
-    traits = _traits("nesterov")
+    traits = _traits("nesterov", persistent=True)
 
 
 @ALGORITHMS.register("admm")
@@ -187,7 +189,7 @@ class ADMMTrainer(LinearSaddleTrainer):
     """ADMM for the sharing problem (Boyd et al., Section 7.3)."""
 
     name = "admm"
-    traits = _traits("admm")
+    traits = _traits("admm", persistent=True)
     uses_lambda_max = False
 
 
@@ -197,6 +199,7 @@ class SaddleMLPTrainer(Algorithm):
 
     name = "eg-mlp"
     traits = _traits("eg-mlp")
+    options_type = SaddleOptions
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         from secvfl.algorithms.saddle.mlp import build_mlp_saddle
@@ -227,10 +230,10 @@ class SaddleMLPTrainer(Algorithm):
             return {}
         s = self.algo.predict_scores(split)
         lab = self.algo.label
-        return classification_metrics(lab._y[split], lab.loss.proba(s))
+        return classification_metrics(lab.labels(split), lab.loss.proba(s))
 
-    def parties(self) -> dict[str, object]:
-        return {**{p.name: p for p in self.algo.features}, LABEL: self.algo.label}
+    def handles(self) -> dict[str, PartyHandle]:
+        return {**{h.name: h for h in self.algo.feature_handles}, LABEL: LocalHandle(self.algo.label, self.net)}
 
     def state_dict(self) -> dict:
         # the message step counter (evaluations advance it too): a resumed run's headers, hence bytes, match
