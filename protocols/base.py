@@ -67,6 +67,9 @@ class SecureSumAggregation(Aggregation):
     one_party_sum: ClassVar[str]  # why a sum over one party is refused, in its own words
 
     def check(self, traits: AlgorithmTraits) -> list[str]:
+        if traits.individual_outputs:
+            return [f"{traits.name} cannot run on a sum of the parties' outputs: {traits.individual_outputs}; drop "
+                    f"{self.flag}"]
         if traits.aggregation in _SUMMING_ALGORITHMS:
             return []
         if traits.aggregation == "broadcast":

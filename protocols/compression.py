@@ -918,14 +918,14 @@ class _RowTagger:
     A tagger runs as its party: it holds the public schedule and nothing else (never the algorithm, which holds every
     party, nor the layer, which holds every party's error-feedback memory)."""
 
-    def __init__(self, schedule: Any | None, *, rows: bool) -> None:
-        self.schedule, self.rows = schedule, rows
+    def __init__(self, schedule: Any | None, *, rows: bool, kinds: tuple[str, ...] = ("gradient",)) -> None:
+        self.schedule, self.rows, self.kinds = schedule, rows, kinds  # kinds: the backward messages it names rows of
         self._position: tuple[int, dict[int, int], np.ndarray] | None = None  # epoch, row -> offset, order
 
     def tag(self, message: Message, split: str, ids: Any, *, train: bool) -> Message:
         if not train:  # forward outputs keep no memory (CompressionLayer._mode), so only evaluation needs marking
             return message.replace(meta={**message.meta, "eval": True})
-        if not self.rows or message.kind != "gradient":
+        if not self.rows or message.kind not in self.kinds:
             return message
         return message.replace(meta={**message.meta, "rows": self.describe(split, ids)})
 
@@ -956,7 +956,7 @@ def tag_rows(hooks: ProtocolHooks, layer: CompressionLayer, *, backward_rows: bo
         layer.schedules["train"] = schedule.order
     for fp in hooks.feature_parties:
         fp.tagger = _RowTagger(None, rows=False)  # a feature party's outputs name no rows: it only marks evaluation
-    hooks.label.tagger = _RowTagger(schedule, rows=backward_rows)
+    hooks.label.tagger = _RowTagger(schedule, rows=backward_rows, kinds=layer.backward_kinds or ("gradient",))
     return True
 
 

@@ -184,6 +184,11 @@ def resolve_options(algo: str, values: Mapping[str, Any]) -> tuple[dict[type[Opt
     return typed, flat, problems
 
 
+def library_option_names() -> set[str]:
+    """The options without a command-line flag (``option(..., cli=False)``): set from a library call or config.toml."""
+    return {f.name for g in option_groups() for f in option_fields(g.options_type) if not f.spec.cli}
+
+
 def _algorithm_names() -> set[str]:
     from secvfl.algorithms import algorithm_names
 

@@ -299,6 +299,7 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
             val = run.algorithm.evaluate("val")
             row = {"epoch": epoch + 1, "train_loss": None if keepers else train["loss"],
                    **{f"val_{k}": v for k, v in val.items()}, "bytes_total": run.net.stats.bytes_total}
+            row.update(run.algorithm.epoch_record())
             for keep in keepers:
                 keep(epoch + 1, train["loss"])
             history.append(row)
@@ -332,6 +333,7 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
         "torch_threads": torch.get_num_threads(),
         "wall_seconds": round(wall, 3),
     }
+    summary.update(run.algorithm.report(run_dir))
     for s in run.setups:
         summary.update(s.summary() if callable(s.summary) else s.summary)
     for hook in (h for s in run.setups for h in s.on_summary):

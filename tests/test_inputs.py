@@ -217,3 +217,14 @@ def test_a_dropped_column_is_one_warning_line(tmp_path: Path, capsys: pytest.Cap
     warnings = [line for line in err.splitlines() if "warning" in line.lower()]
     assert warnings == ["secvfl: warning: t.csv: column(s) 'empty' have no value in the training split; dropped them "
                         "(a column without values carries no information)"]
+
+
+def test_an_option_without_a_flag_is_read_from_toml_typed() -> None:
+    # vim_z_tol is declared cli=False (library use and config.toml only): a file may set it, with its declared type.
+    from secvfl.algorithms.vim.options import VIMOptions
+    from secvfl.cli.train import config_from_args
+
+    cfg = config_from_args(_from_toml({"algo": "vimadmm", "vim_z_tol": 1e-8}))
+    assert cfg.options_for(VIMOptions).vim_z_tol == pytest.approx(1e-8)
+    with pytest.raises(ConfigError, match="z-tol must be a number"):
+        config_from_args(_from_toml({"algo": "vimadmm", "vim_z_tol": "small"}))

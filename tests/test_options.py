@@ -69,7 +69,7 @@ def test_every_option_is_declared_once_with_a_kind_the_tests_know() -> None:
     assert {_kind(f.type) for _, f, _ in FIELDS} <= set(_WRONG)
     # the algorithm families' options are theirs, not protocols'
     families = {g.options_type.__name__: g.algorithms for g in option_groups() if g.algorithms is not None}
-    assert set(families) == {"MissingOptions", "SaddleOptions"}
+    assert set(families) == {"MissingOptions", "SaddleOptions", "OnlineOptions", "VIMOptions"}
     assert "plugvfl" in families["MissingOptions"] and "eg-mlp" in families["SaddleOptions"]
 
 

@@ -166,6 +166,8 @@ _CASES = [pytest.param(a, {}, id=a) for a in algorithm_names()] + [
     pytest.param("eg", {"saddle_participation": 0.5, "compress": "randk:0.1+ef"}, id="eg-partial-compress"),
     pytest.param("eg", {"saddle_batch": 16}, id="eg-minibatch"),
     pytest.param("gd", {"secagg": "mask"}, id="gd-mask"),
+    pytest.param("vimadmm-j", {"secagg": "mask", "vim_local_steps": 2}, id="vimadmm-j-mask"),
+    pytest.param("vimadmm", {"compress": "topk:0.1+ef", "vim_local_steps": 2}, id="vimadmm-compress-ef"),
 ]
 
 

@@ -22,6 +22,8 @@ FAMILIES: list[str] = [
     "secvfl.algorithms.local",  # local
     "secvfl.algorithms.missing",  # laser and its baselines
     "secvfl.algorithms.saddle",  # eg, gd, nesterov, admm, eg-mlp
+    "secvfl.algorithms.online",  # ogd, slr, dlr (one stream sample per round)
+    "secvfl.algorithms.vim",  # vimsgd, vimadmm, vimadmm-j
 ]
 _loaded = False
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -119,6 +120,14 @@ class Algorithm(ABC):
     def protocol_hooks(self) -> ProtocolHooks:
         """The parties' public hook points protocols may use (none by default: protocols that need one refuse)."""
         return ProtocolHooks()
+
+    def epoch_record(self) -> dict[str, Any]:
+        """What the algorithm adds to an epoch's metrics.jsonl line (JSON values; none by default)."""
+        return {}
+
+    def report(self, run_dir: Path | None) -> dict[str, Any]:
+        """What the algorithm adds to summary.json at the end of a run; it may write its own files to ``run_dir``."""
+        return {}
 
     @abstractmethod
     def handles(self) -> dict[str, PartyHandle]:

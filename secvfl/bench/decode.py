@@ -48,6 +48,7 @@ _RUNS: list[dict[str, Any]] = [
     dict(algo="splitnn", dataset="wine", options={"compress": "topk:0.1+ef"}),
     dict(algo="splitnn", dataset="wine", options={"privacy": "dp", "epsilon": 3.0}),
     dict(algo="splitnn", dataset="wine", options={"secure_channel": True}),
+    dict(algo="vimadmm", dataset="wine", options={"vim_local_steps": 2}),  # dual, head
 ]
 
 

@@ -161,8 +161,12 @@ def _check_choices(action: argparse.Action, values: list[Any], refuse: Any) -> N
 
 def typed_defaults(parser: argparse.ArgumentParser, values: dict[str, Any], source: str) -> dict[str, Any]:
     """Parser defaults (by dest) from flat TOML values; every problem in one ConfigError line."""
+    from secvfl.plugins import library_option_names
+
     actions = {a.dest: a for a in parser._actions}
-    unknown = sorted(k for k in values if k.replace("-", "_") not in actions)
+    # Options without a flag (library use and config.toml only) pass through: TrainConfig checks their types.
+    library = library_option_names() - set(actions)
+    unknown = sorted(k for k in values if k.replace("-", "_") not in actions.keys() | library)
     if unknown:
         raise ConfigError(f"{source}: unknown settings {unknown}; every key must be a `secvfl train` flag name")
     defaults: dict[str, Any] = {}
@@ -171,6 +175,9 @@ def typed_defaults(parser: argparse.ArgumentParser, values: dict[str, Any], sour
         dest = key.replace("-", "_")
         if dest in _NOT_SETTABLE:
             problems.append(f"{source}: {key}: {_NOT_SETTABLE[dest]}")
+            continue
+        if dest in library:
+            defaults[dest] = value
             continue
         try:
             defaults[dest] = toml_value(actions[dest], key, value, source)

@@ -35,6 +35,8 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.bench.decode",
     "secvfl.cli.attack",
     "secvfl.experiments.saddle",
+    "secvfl.bench.online",
+    "secvfl.experiments.online",
 ]
 _loaded = False
 

@@ -56,6 +56,9 @@ class AlgorithmTraits:
     # Each link carries the same quantity every round and the algorithm marks its messages itself (full-batch saddle
     # methods: meta "persistent", rows, eval), so layers need not tag the parties' messages for it.
     persistent_messages: bool = False
+    # Why the receiver needs each party's output itself, not only their sum (e.g. to step that party's head): a secure
+    # sum refuses the algorithm with this reason. Empty: the algorithm says nothing more than its ``aggregation``.
+    individual_outputs: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,184 @@
+"""What the three VIM algorithms share: building the bottom models, the public batch schedule, the rounds' loop,
+prediction and party importance. Each algorithm says how a party and the label party are built and what a round
+does after the parties' outputs reached the label party (:meth:`VIMAlgorithm.round`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from secvfl.algorithms.base import (
+    LABEL_PARTY,
+    Algorithm,
+    BatchSchedule,
+    ProgressFn,
+    RunContext,
+    feature_party_names,
+)
+from secvfl.algorithms.vim.explain import explain_report
+from secvfl.algorithms.vim.options import VIMOptions
+from secvfl.config import TrainConfig
+from secvfl.errors import ConfigError
+from secvfl.handles import FeatureHandle, LabelHandle, PartyHandle, local_party
+from secvfl.models import make_bottom, output_dim
+from secvfl.parties import FeatureParty, LabelParty, ProtocolHooks
+from secvfl.transport.network import Network
+
+__all__ = ["VIMAlgorithm", "party_sgd", "label_sgd", "INDIVIDUAL_EMBEDDINGS"]
+
+# AlgorithmTraits.individual_outputs of vimsgd and vimadmm (why CKKS and masking refuse them)
+INDIVIDUAL_EMBEDDINGS = ("the label party needs each party's embedding h^k to step that party's head W_k; use "
+                         "--algo vimadmm-j, whose label party needs only the sum of the parties' logits")
+
+
+def party_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer:  # noqa: ANN001 - parameters
+    """The parties' optimiser: SGD with momentum and weight decay beta (the paper's setting)."""
+    return torch.optim.SGD(params, lr=lr, momentum=options.vim_momentum, weight_decay=options.vim_beta)
+
+
+def label_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer:  # noqa: ANN001 - parameters
+    """The label party's optimiser: plain SGD with weight decay beta."""
+    return torch.optim.SGD(params, lr=lr, weight_decay=options.vim_beta)
+
+
+def _refuse_core_optimiser_flags(cfg: TrainConfig, algo: str) -> None:
+    given = [flag for flag, name in (("--lr", "lr"), ("--optimizer", "optimizer"), ("--weight-decay", "weight_decay"))
+             if getattr(cfg, name) != getattr(TrainConfig, name)]
+    if given:
+        raise ConfigError(f"{'/'.join(given)} do{'es' * (len(given) == 1)} not apply to --algo {algo}, which trains "
+                          f"with SGD: set its step size with --vim-lr and its L2 weight with --vim-beta")
+
+
+class VIMAlgorithm(Algorithm):
+    """A VIM algorithm: feature party k runs a bottom model (``--hidden``, output ``--embedding-dim`` = the paper's
+    ``d_f``); the prediction is ``sum_k h^k W_k + b``. ``aggregated``: whether the label party receives the sum of
+    the parties' outputs through the network's aggregation (VIMADMM-J) or each party's output (VIMSGD, VIMADMM)."""
+
+    options_type = VIMOptions
+    aggregated: ClassVar[bool] = False
+
+    def __init__(self, ctx: RunContext, net: Network) -> None:
+        super().__init__(ctx, net)
+        cfg, data, part = ctx.config, ctx.data, ctx.partition
+        _refuse_core_optimiser_flags(cfg, self.name)
+        self.options = cfg.options_for(VIMOptions)
+        self.lr = self.options.lr_for(self.name)
+        self.d_f, self.d_c = cfg.embedding_dim, output_dim(data.n_classes)
+        self.feature_handles: list[FeatureHandle] = []
+        for k, name in enumerate(feature_party_names(part.n_blocks)):
+            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), self.d_f, list(cfg.hidden), part.block_shapes[k])
+            blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
+            observed = {s: ctx.masks[s][:, k] for s in ("train", "val", "test")}
+            self.feature_handles.append(self.make_party(name, bottom, blocks, observed))
+        self._add_denoising_noise(seed=cfg.seed)
+        labels = {s: getattr(data, f"y_{s}") for s in ("train", "val", "test")}
+        self.label_handle = self.make_label(labels, data.n_classes)
+        self.names = [h.name for h in self.feature_handles]
+        # the public batch order, and the epoch being trained (None outside train_epoch), for protocol hooks
+        self.schedule = BatchSchedule(self.train_rows(), cfg.batch_size, cfg.seed)
+
+    def _add_denoising_noise(self, seed: int) -> None:
+        """``--vim-noise-party K``: party K adds noise to its own features of every split (:mod:`.noise`)."""
+        o = self.options
+        if o.vim_noise_party is None:
+            if o.vim_noise_std != VIMOptions.vim_noise_std:
+                raise ConfigError("--vim-noise-std applies only with --vim-noise-party K (the party whose features "
+                                  "are noised); add it or drop --vim-noise-std")
+            return
+        if o.vim_noise_party >= len(self.feature_handles):
+            raise ConfigError(f"--vim-noise-party {o.vim_noise_party}: there are {len(self.feature_handles)} feature "
+                              f"parties (0 to {len(self.feature_handles) - 1}); pick one of them")
+        handle = self.feature_handles[o.vim_noise_party]
+        for split in ("train", "val", "test"):
+            handle.add_feature_noise(split, o.vim_noise_std, seed)
+
+    def report(self, run_dir: Path | None) -> dict[str, Any]:
+        return explain_report(self, run_dir)
+
+    # -- what each algorithm builds and does ----------------------------------------------------------------------
+    def make_party(self, name: str, bottom: nn.Module, blocks: dict[str, np.ndarray],
+                   observed: dict[str, np.ndarray]) -> FeatureHandle:
+        raise NotImplementedError
+
+    def make_label(self, labels: dict[str, np.ndarray], n_classes: int) -> LabelHandle:
+        raise NotImplementedError
+
+    def round(self, ids: np.ndarray, present: list[str]) -> float:
+        """The rest of a training round once the parties' outputs on rows ``ids`` reached the label party; returns
+        the batch loss."""
+        raise NotImplementedError
+
+    def party_importance(self) -> dict[str, float]:
+        """Party name -> ``||W_k||_F`` of its linear head (the paper's client importance), from the party holding it."""
+        raise NotImplementedError
+
+    # -- parties ---------------------------------------------------------------------------------------------------
+    @property
+    def current_epoch(self) -> int | None:
+        return self.schedule.epoch
+
+    @current_epoch.setter
+    def current_epoch(self, epoch: int | None) -> None:
+        self.schedule.epoch = epoch
+
+    def handles(self) -> dict[str, PartyHandle]:
+        return {**{h.name: h for h in self.feature_handles}, LABEL_PARTY: self.label_handle}
+
+    @property
+    def feature_parties(self) -> list[FeatureParty]:
+        """The feature party objects, in process only (protocol set-up, attacks, tests)."""
+        return [local_party(h) for h in self.feature_handles]
+
+    @property
+    def label_party(self) -> LabelParty:
+        """The label party object, in process only."""
+        return local_party(self.label_handle)
+
+    def protocol_hooks(self) -> ProtocolHooks:
+        return ProtocolHooks(label=self.label_party, feature_parties=tuple(self.feature_parties),
+                             schedule=self.schedule, predict=self.predict_proba)
+
+    # -- rows and rounds --------------------------------------------------------------------------------------------
+    def train_rows(self) -> np.ndarray:
+        """Training rows with at least one observed block: a party without the row contributes zeros for it."""
+        return np.flatnonzero(self.ctx.masks["train"].any(axis=1))
+
+    def batches_per_epoch(self) -> int:
+        return -(-len(self.train_rows()) // self.cfg.batch_size)
+
+    def _forward_all(self, split: str, ids: np.ndarray, train: bool) -> list[str]:
+        for h in self.feature_handles:
+            h.forward(self.step, split, ids, to=LABEL_PARTY, train=train, aggregated=self.aggregated)
+        return self.label_handle.receive(self.names, aggregated=self.aggregated)
+
+    def train_epoch(self, epoch: int, progress: ProgressFn | None = None) -> dict[str, float]:
+        self.current_epoch = epoch
+        try:
+            losses = []
+            for ids in self.schedule.batches(epoch):
+                present = self._forward_all("train", ids, train=True)
+                losses.append(self.round(ids, present))
+                self.step += 1
+                if progress is not None:
+                    progress(losses[-1])
+            return {"loss": float(np.mean(losses)) if losses else float("nan")}
+        finally:
+            self.current_epoch = None
+
+    def predict_proba(self, split: str) -> np.ndarray:
+        n = self.ctx.rows(split)
+        out = []
+        for start in range(0, n, self.cfg.eval_batch_size):
+            ids = np.arange(start, min(n, start + self.cfg.eval_batch_size))
+            self._forward_all(split, ids, train=False)
+            out.append(self.label_handle.predict().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros((0, max(2, self.ctx.data.n_classes)))
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        if self.ctx.rows(split) == 0:
+            return {}
+        return self.label_handle.score(split, self.predict_proba(split))

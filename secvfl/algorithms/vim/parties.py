@@ -1,0 +1,218 @@
+"""The parties of VIMADMM and VIMADMM-J, and the two message kinds they add.
+
+* :class:`ADMMFeatureParty` (a :class:`~secvfl.parties.FeatureParty`: same forward pass, release rule, tagger and
+  missing-block handling) adds the local update of eq. 10 (VIMADMM: its head ``W_k`` arrives from the label party)
+  or eqs. 19/20 (VIMADMM-J: its own head, stepped before its bottom model at every local step).
+* :class:`ADMMLabelParty` (a :class:`~secvfl.parties.LabelParty`: same labels, prediction and tagger) keeps the dual
+  variable of every training row and runs the z-, lambda- and (VIMADMM) head updates of a round.
+
+Rows a party does not hold (missing blocks) enter its output as zeros, inside the autograd graph, so they give its
+model no gradient in any local step, and its head ``W_k`` none at the label party (``h = 0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from secvfl.algorithms.vim.model import BOTTOM, HEAD, PartyHeads
+from secvfl.algorithms.vim.noise import NoisyFeatureParty
+from secvfl.algorithms.vim.zsolve import solve_z
+from secvfl.errors import PartyIsolationError, ProtocolError, UnsupportedError
+from secvfl.messages import Message, register_kind
+from secvfl.parties import (
+    BackwardRule,
+    LabelParty,
+    ReleaseRule,
+    require_wire,
+    standard_backward,
+)
+
+__all__ = ["ADMMFeatureParty", "ADMMLabelParty", "DUAL_KIND", "HEAD_KIND", "admm_objective"]
+
+DUAL_KIND = register_kind("dual")  # label party -> party k: lambda_B and the residual s^k_B (VIMADMM-J: z - sum o)
+HEAD_KIND = register_kind("head")  # label party -> party k (VIMADMM): its linear head W_k
+
+_NO_FEATURE_DP = (
+    "feature DP accounts one clipped, noised gradient per row and epoch through the party's release rule, but a "
+    "{algo} party takes --vim-local-steps steps on each batch from the label party's dual and residual, which that "
+    "accounting does not cover; --dp-protect features is refused for it (use --algo vimsgd)"
+)
+_NO_BACKWARD_RULE = (
+    "the {algo} label party sends no gradients: it solves each row's z-update (eq. 6) on its own loss and sends the "
+    "dual and residual, so a mechanism that replaces its backward pass (label DP's gradient, rr-prior, alibi) cannot "
+    "apply; use --dp-mechanism rr (labels randomised once, before training: everything sent later is "
+    "post-processing) or --algo vimsgd"
+)
+
+
+def admm_objective(out: torch.Tensor, lam: torch.Tensor, residual: torch.Tensor, rho: float) -> torch.Tensor:
+    """Eq. 10/19/20 without the regulariser (weight decay): ``lam^T o + rho/2 ||s - o||^2``, averaged over the batch."""
+    n = max(out.shape[0], 1)
+    return ((lam * out).sum() + 0.5 * rho * ((residual - out) ** 2).sum()) / n
+
+
+class ADMMFeatureParty(NoisyFeatureParty):
+    """A feature party of VIMADMM (``joint=False``: sends embeddings ``h^k``) or VIMADMM-J (``joint=True``: its model
+    is ``Sequential(bottom, head)`` and it sends logits ``o^k``; ``head_optimizer`` steps its head)."""
+
+    def __init__(self, name: str, blocks: dict[str, np.ndarray], model: nn.Module, optimizer: torch.optim.Optimizer,
+                 *, rho: float, local_steps: int, joint: bool, algo: str,
+                 head_optimizer: torch.optim.Optimizer | None = None, device: torch.device,
+                 dtype: torch.dtype = torch.float32, observed: dict[str, np.ndarray] | None = None) -> None:
+        super().__init__(name, blocks, model, optimizer, device=device, dtype=dtype,
+                         output_kind="logits" if joint else "embedding", observed=observed)
+        self.rho, self.local_steps, self.joint, self.algo = rho, local_steps, joint, algo
+        self.head_optimizer = head_optimizer
+
+    def install_release_rule(self, make: Callable[[nn.Module], ReleaseRule]) -> None:
+        raise UnsupportedError(_NO_FEATURE_DP.format(algo=self.algo))
+
+    def local_update(self, dual: Message, head: Message | None) -> None:
+        """``local_steps`` SGD steps on the batch of the last training output, from the label party's ``dual``
+        message (and, for VIMADMM, its ``head`` message with ``W_k``)."""
+        require_wire(dual, self.name)
+        if self._pending is None:
+            raise PartyIsolationError(f"{self.name} received a dual without a pending forward pass")
+        x, out, held = self._pending
+        self._pending = None
+        lam = dual.tensor("dual").to(device=self.device, dtype=out.dtype)
+        residual = dual.tensor("residual").to(device=self.device, dtype=out.dtype)
+        if lam.dim() != 2 or lam.shape[0] != out.shape[0] or residual.shape != lam.shape or \
+                (self.joint and lam.shape != out.shape):
+            raise PartyIsolationError(f"{self.name}: dual {tuple(lam.shape)} / residual {tuple(residual.shape)} for "
+                                      f"output {tuple(out.shape)}")
+        weight = None
+        if self.joint:  # the label party sent z - sum_i o^i to every party: s^k adds back this party's own o^k
+            residual = residual + out.detach()
+        else:
+            if head is None:
+                raise PartyIsolationError(f"{self.name}: VIMADMM's local update needs its head W_k")
+            weight = require_wire(head, self.name).tensor("weight").to(device=self.device, dtype=out.dtype)
+            if weight.shape != (out.shape[1], lam.shape[1]):
+                raise PartyIsolationError(f"{self.name}: head of shape {tuple(weight.shape)} for output "
+                                          f"{tuple(out.shape)} and dual {tuple(lam.shape)}")
+        self.model.train()
+
+        def held_rows(o: torch.Tensor) -> torch.Tensor:
+            return o if held is None else o * held
+
+        for _ in range(self.local_steps):
+            if self.joint:
+                assert self.head_optimizer is not None
+                bottom, own_head = self.model[BOTTOM], self.model[HEAD]
+                with torch.no_grad():
+                    h = bottom(x)
+                self.head_optimizer.zero_grad(set_to_none=True)  # eq. 19: W_k with the bottom model fixed
+                admm_objective(held_rows(own_head(h)), lam, residual, self.rho).backward()
+                self.head_optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)  # eq. 20: the bottom model with the new W_k
+                admm_objective(held_rows(own_head(bottom(x))), lam, residual, self.rho).backward()
+                for p in own_head.parameters():
+                    p.grad = None  # (the head took its step above)
+                self.optimizer.step()
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+                admm_objective(held_rows(self.model(x)) @ weight, lam, residual, self.rho).backward()
+                self.optimizer.step()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.head_optimizer is not None:
+            state["head_optimizer"] = self.head_optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.head_optimizer is not None:
+            self.head_optimizer.load_state_dict(state["head_optimizer"])
+
+
+class ADMMLabelParty(LabelParty):
+    """The label party of VIMADMM (``head``: the parties' linear heads, :class:`PartyHeads`, stepped by
+    ``optimizer``) or VIMADMM-J (``head``: the identity on the sum of the logits; ``optimizer`` None).
+
+    Keeps ``lam`` (training rows x outputs), the dual variable of every training row; ``z`` needs no state (eq. 6
+    recomputes it from ``lam`` and the round's outputs)."""
+
+    def __init__(self, name: str, labels: dict[str, np.ndarray], head: nn.Module,
+                 optimizer: torch.optim.Optimizer | None, n_classes: int, *, outputs: int, rho: float, tol: float,
+                 algo: str, device: torch.device, dtype: torch.dtype = torch.float32,
+                 input_kind: str = "embedding") -> None:
+        self.algo = algo
+        super().__init__(name, labels, head, optimizer, n_classes, device=device, dtype=dtype,  # type: ignore[arg-type]
+                         input_kind=input_kind)
+        self.rho, self.tol = rho, tol
+        self.lam = torch.zeros(len(labels["train"]), outputs, dtype=dtype, device=device)
+        self.newton_steps = 0  # the z-updates' Newton steps so far (all rounds), for benchmarks
+
+    @property
+    def backward_rule(self) -> BackwardRule:
+        return standard_backward
+
+    @backward_rule.setter
+    def backward_rule(self, rule: BackwardRule) -> None:
+        if rule is not standard_backward:
+            raise UnsupportedError(_NO_BACKWARD_RULE.format(algo=self.algo))
+
+    def use_training_labels(self, labels: np.ndarray | torch.Tensor) -> None:
+        if torch.as_tensor(labels).is_floating_point():
+            raise UnsupportedError(_NO_BACKWARD_RULE.format(algo=self.algo))
+        super().use_training_labels(labels)
+
+    def train_step(self, *args, **kwargs):  # noqa: ANN002, ANN003 - the split algorithms' step, not VIM's
+        raise UnsupportedError(f"the {self.algo} label party trains by admm_step, not by a backward pass")
+
+    def admm_step(self, step: int, ids: np.ndarray, inputs: Sequence[Message], senders: Sequence[str], *,
+                  aggregated: bool) -> tuple[float, list[Message]]:
+        """One round at the label party: z (eq. 6/16), lambda (eq. 7/17), for VIMADMM one SGD step of the heads
+        (eq. 8) and the residuals (eq. 9); returns the batch loss before the round and the messages to send."""
+        xs = [require_wire(m, self.name).tensor(self.input_kind).to(device=self.device, dtype=self.dtype)
+              for m in inputs]
+        y = self.labels("train", ids)
+        if y.is_floating_point():
+            raise ProtocolError(f"{self.algo}: the label party's training labels are not class labels")
+        rows = torch.as_tensor(np.asarray(ids), device=self.device)
+        self.head.train()
+        with torch.no_grad():
+            v = self._forward(xs, aggregated, None)
+            loss = float(self.loss_fn(v, y))
+        z, steps = solve_z(v, self.lam[rows], y, self.rho, tol=self.tol)
+        self.newton_steps += steps
+        lam = self.lam[rows] + self.rho * (v - z)
+        self.lam[rows] = lam
+        if aggregated:  # VIMADMM-J: one message for every party; each adds its own logits to get its residual
+            gap = z - v
+            messages = [Message(DUAL_KIND, self.name, s, step, {"dual": lam, "residual": gap}) for s in senders]
+            return loss, [self.tagger.tag(m, "train", ids, train=True) for m in messages]
+        assert isinstance(self.head, PartyHeads) and self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)  # eq. 8: one SGD step of every head at the new lambda and z
+        admm_objective(self.head(xs), lam, z, self.rho).backward()
+        self.optimizer.step()
+        messages = []
+        with torch.no_grad():
+            parts = self.head.party_logits(xs)
+            full = torch.stack(parts).sum(dim=0) + self.head.bias
+            for k, s in enumerate(senders):
+                residual = z - (full - parts[k])  # eq. 9: z - sum_{i != k} h^i W_i (and the bias)
+                dual = Message(DUAL_KIND, self.name, s, step, {"dual": lam, "residual": residual})
+                messages.append(self.tagger.tag(dual, "train", ids, train=True))
+                # the same quantity every round (compression's error feedback keeps one memory per link for it)
+                messages.append(Message(HEAD_KIND, self.name, s, step, {"weight": self.head.weights[k].detach()},
+                                        meta={"persistent": True}))
+        return loss, messages
+
+    def state_dict(self) -> dict:
+        state = {"head": self.head.state_dict(), "lam": self.lam.clone()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.head.load_state_dict(state["head"])
+        self.lam = state["lam"].to(device=self.device, dtype=self.dtype).clone()
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
