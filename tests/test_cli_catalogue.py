@@ -435,6 +435,13 @@ CASES: list[Case] = [
          "changes --p-drop 0.2 (the run has 0.3)", setup=_trained_with("--algo", "plugvfl", "--p-drop", "0.3"),
          id="resume-changed-algorithm-option"),
     # -- area: online (cases added below this line) --
+    Case(("reproduce", "online", "--samples", "100", "--block", "30"),
+         "--samples (100) must be a whole number of --block (30) samples", id="online-reproduce-block-not-dividing"),
+    Case(("reproduce", "online", "--jobs", "0"), "--jobs must be at least 1, got 0", id="online-reproduce-jobs-0"),
+    Case(("reproduce", "online", "--lr", "0"), "--lr must be a finite number > 0, got 0.0", id="online-reproduce-lr-0"),
+    Case(("reproduce", "online", "--samples", "0"), "--samples must be at least 1, got 0",
+         id="online-reproduce-samples-0"),
+    Case(("bench", "online", "--rounds", "0"), "--rounds must be at least 1, got 0", id="online-bench-rounds-0"),
     Case((*_TRAIN, "--algo", "dlr", "--activation", "sometimes"),
          "--activation must be full, random:P with 0 < P <= 1, or event:GAMMA, got 'sometimes'",
          id="online-activation-unknown"),
@@ -461,6 +468,26 @@ CASES: list[Case] = [
     Case((*_TRAIN, "--algo", "splitnn", "--activation", "random:0.5"),
          "--activation applies to --algo dlr/ogd/slr only, not splitnn", id="online-activation-for-splitnn"),
     # -- area: vim (cases added below this line) --
+    Case((*_TRAIN, "--algo", "vimadmm", "--vim-noise-party", "-1"), "--vim-noise-party must be a party index >= 0, "
+         "got -1", id="vim-noise-party-negative"),
+    Case((*_TRAIN, "--algo", "vimadmm", "--vim-noise-party", "9"), "--vim-noise-party 9: there are 4 feature parties "
+         "(0 to 3); pick one of them", id="vim-noise-party-out-of-range"),
+    Case((*_TRAIN, "--algo", "vimsgd", "--vim-noise-std", "2"), "--vim-noise-std applies only with --vim-noise-party "
+         "K", id="vim-noise-std-without-party"),
+    Case((*_TRAIN, "--algo", "vimadmm", "--vim-noise-party", "1", "--vim-noise-std", "0"),
+         "--vim-noise-std must be a finite number > 0, got 0.0", id="vim-noise-std-0"),
+    Case((*_TRAIN, "--algo", "vimadmm", "--vim-validate-noise", "-3"),
+         "--vim-validate-noise must be a finite number > 0, got -3.0", id="vim-validate-noise-negative"),
+    Case((*_TRAIN, "--algo", "splitnn", "--vim-validate-noise", "3"), "--vim-validate-noise applies to --algo "
+         "vimadmm/vimadmm-j/vimsgd only, not splitnn", id="vim-validate-noise-for-splitnn"),
+    Case(("reproduce", "vim", "--epochs", "vimadmm=0"), "the value must be a finite number > 0",
+         id="vim-reproduce-epochs-0"),
+    Case(("reproduce", "vim", "--lr", "sgd=0.1"), "expected METHOD=VALUE with METHOD one of vafl, fdml, vimsgd",
+         id="vim-reproduce-lr-unknown-method"),
+    Case(("reproduce", "vim", "--dataset", "digits", "--jobs", "0"), "--jobs must be at least 1, got 0",
+         id="vim-reproduce-jobs-0"),
+    Case(("bench", "vim", "--dataset", "digits", "--epochs", "0"), "--epochs must be at least 1, got 0",
+         id="vim-bench-epochs-0"),
     Case((*_TRAIN, "--algo", "vimadmm", "--vim-rho", "0"), "--vim-rho must be a finite number > 0, got 0.0",
          id="vim-rho-0"),
     Case((*_TRAIN, "--algo", "vimadmm", "--vim-rho", "inf"), "--vim-rho must be a finite number > 0, got inf",

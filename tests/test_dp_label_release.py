@@ -275,6 +275,8 @@ def test_auto_chooses_per_task() -> None:
     assert choose_mechanism(protects="features", epochs=10, n_classes=2, epsilon=3.0, n_train=10)[0] == "gradient"
     forced = choose_mechanism(**common, n_classes=10, epsilon=3.0, n_train=50_000, gradient_flags=["--dp-clip"])
     assert forced[0] == "gradient" and "--dp-clip" in forced[1]
+    no_backward = choose_mechanism(**common, n_classes=10, epsilon=3.0, n_train=50_000, backward_pass=False)
+    assert no_backward[0] == "rr" and "no gradients" in no_backward[1]
 
 
 @pytest.mark.parametrize(
@@ -285,10 +287,13 @@ def test_auto_chooses_per_task() -> None:
         ("digits", {"epsilon": 1.0}, "rr"),
         ("digits", {"dp_clip": "jacobian"}, "gradient"),
         ("breast_cancer", {"dp_protect": "features"}, "gradient"),
+        ("digits", {"algo": "vimadmm"}, "rr"),  # sends duals, not gradients: rr-prior would be refused
     ],
 )
 def test_the_run_uses_and_states_what_auto_chose(dataset: str, options: dict, expected: str) -> None:
-    run = build_run(TrainConfig(dataset=dataset, epochs=2, device="cpu",
+    options = dict(options)
+    algo = options.pop("algo", "splitnn")
+    run = build_run(TrainConfig(algo=algo, dataset=dataset, epochs=2, device="cpu",
                                 options={"privacy": "dp", "epsilon": 3.0, **options}))
     plan = _dp_layer(run).plan
     assert plan.mechanism == expected and plan.config.auto_reason

@@ -36,8 +36,9 @@ def test_the_claims_hold_on_numbers_shaped_like_the_papers() -> None:
 
 @pytest.mark.parametrize("changes, broken", [
     ({"dlr-event": {"error": 0.2}}, 1),  # DLR-Event above OGD-Event
-    ({"dlr-random": {"error": 0.11}}, 1),  # DLR-Random above OGD-Random (0.11 > 0.11 - no: equal is not below)
-    ({"slr-full": {"payload_bytes": 2048.0 * 10}}, 2),  # SLR only 10x OGD's bytes
+    ({"dlr-random": {"error": 0.12}}, 1),  # DLR-Random above OGD-Random
+    ({f"slr-{act}": {"payload_bytes": 2048.0 * 10 * (1 + rate) / 2}  # SLR only 10x OGD's bytes
+      for act, rate in (("full", 1.0), ("random", 0.5), ("event", 0.6))}, 2),
     ({"ogd-random": {"payload_bytes": 2048.0}}, 3),  # partial activation saved no bytes
     ({"dlr-event": {"seconds": 100.0}}, 3),  # ... or no client compute
     ({"dlr-random": {"seconds": 30.0}}, 3),  # ... or more than in proportion to the rate (0.3 < 0.5)

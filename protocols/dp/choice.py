@@ -30,12 +30,18 @@ def choose_mechanism(
     epsilon: float | None,
     n_train: int,
     gradient_flags: Sequence[str] = (),
+    backward_pass: bool = True,
 ) -> tuple[str, str]:
-    """``(mechanism, reason)`` for ``--dp-mechanism auto``; ``gradient_flags``: the gradient-only flags given."""
+    """``(mechanism, reason)`` for ``--dp-mechanism auto``; ``gradient_flags``: the gradient-only flags given;
+    ``backward_pass``: the label party trains by a backward pass through its loss (``AlgorithmTraits.gradient_based``),
+    which every mechanism but plain randomized response replaces or reweights."""
     if protects == "features":
         return "gradient", "feature DP has one mechanism (clipped, noised embeddings and DP-SGD)"
     if gradient_flags:
         return "gradient", f"{', '.join(gradient_flags)} applies to the gradient mechanism only"
+    if not backward_pass:
+        return "rr", ("the algorithm's label party sends no gradients, so only randomized response (labels replaced "
+                      "once, before training) applies")
     if n_classes <= 2:
         return "rr", ("on binary tasks randomized response kept the most test AUC at equal epsilon (credit, a9a, "
                       "breast_cancer: BENCHMARKS.md)")

@@ -346,7 +346,8 @@ class DPPlugin(ProtocolPlugin):
         if config.mechanism == "auto":
             config.mechanism, config.auto_reason = choose_mechanism(
                 protects=config.protects, n_classes=n_classes, epochs=cfg.epochs, epsilon=config.epsilon,
-                n_train=ctx.rows("train"), gradient_flags=options.gradient_flags())
+                n_train=ctx.rows("train"), gradient_flags=options.gradient_flags(),
+                backward_pass=traits.gradient_based)
         problems = options.inapplicable(config)
         if problems:
             raise ConfigError("; ".join(problems))

@@ -37,6 +37,8 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.experiments.saddle",
     "secvfl.bench.online",
     "secvfl.experiments.online",
+    "secvfl.experiments.vim",
+    "secvfl.bench.vim",
 ]
 _loaded = False
 
