@@ -203,13 +203,15 @@ def _kill_at_batch() -> int | None:
     return int(text)
 
 
-def _diverged(cfg: TrainConfig, run_dir: Path | None, epoch: int, batch: int | None, loss: float) -> ConfigError:
+def _diverged(step_size: tuple[str, float], run_dir: Path | None, epoch: int, batch: int | None,
+              loss: float) -> ConfigError:
+    flag, lr = step_size
     where = f"epoch {epoch + 1}" + (f", batch {batch}" if batch is not None else "")
     kept = f"; {run_dir} keeps the metrics and checkpoint of epoch {epoch}" if run_dir is not None and epoch else ""
     return ConfigError(
-        f"training stopped: the loss became {loss} at {where}. The learning rate is probably too large (--lr "
-        f"{cfg.lr:g}) or the data hold inf or huge values; start again with a smaller --lr (e.g. "
-        f"{min(cfg.lr / 10, TrainConfig.lr):g}) or check the data{kept}"
+        f"training stopped: the loss became {loss} at {where}. The step size is probably too large ({flag} "
+        f"{lr:g}) or the data hold inf or huge values; start again with a smaller {flag} (e.g. {lr / 10:g}) or "
+        f"check the data{kept}"
     )
 
 
@@ -283,7 +285,7 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
                 nonlocal batch
                 batch += 1
                 if not math.isfinite(loss):
-                    raise _diverged(cfg, run_dir, epoch, batch, loss)
+                    raise _diverged(run.algorithm.step_size(), run_dir, epoch, batch, loss)
                 if bar is not None:
                     bar.update(1)
                     if not keepers:
@@ -295,7 +297,7 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
                 hook(epoch)
             train = run.algorithm.train_epoch(epoch, tick)
             if not math.isfinite(train["loss"]):
-                raise _diverged(cfg, run_dir, epoch, None, train["loss"])
+                raise _diverged(run.algorithm.step_size(), run_dir, epoch, None, train["loss"])
             val = run.algorithm.evaluate("val")
             row = {"epoch": epoch + 1, "train_loss": None if keepers else train["loss"],
                    **{f"val_{k}": v for k, v in val.items()}, "bytes_total": run.net.stats.bytes_total}

@@ -302,7 +302,7 @@ def test_non_finite_loss_stops_at_once_and_keeps_the_last_good_checkpoint(tmp_pa
 
     cls.train_epoch = diverge_in_second_epoch
     try:
-        with pytest.raises(ConfigError, match=r"loss became nan at epoch 2, batch 3\. The learning rate is probably "
+        with pytest.raises(ConfigError, match=r"loss became nan at epoch 2, batch 3\. The step size is probably "
                                               r"too large \(--lr 0\.001\)") as info:
             run_training(_cfg(epochs=4), out=tmp_path / "r", progress=False, log=lambda *_: None)
     finally:
@@ -335,3 +335,14 @@ def test_default_run_directories_never_collide(tmp_path):
     first.mkdir()
     second = default_run_dir(_cfg(), root=tmp_path)
     assert second != first and second.name.startswith(first.name[:len("splitnn-breast_cancer-")])
+
+
+@pytest.mark.parametrize("algo, flag", [("splitnn", "--lr"), ("vimadmm", "--vim-lr"), ("dlr", "--online-lr")])
+def test_a_diverged_run_names_the_step_size_flag_its_algorithm_uses(algo: str, flag: str) -> None:
+    from secvfl.runner import _diverged, build_run
+
+    run = build_run(TrainConfig(algo=algo, dataset="wine", epochs=1, device="cpu"))
+    name, value = run.algorithm.step_size()
+    assert name == flag and value > 0
+    text = str(_diverged(run.algorithm.step_size(), None, 0, 3, float("nan")))
+    assert f"({flag} {value:g})" in text and f"smaller {flag} (e.g. {value / 10:g})" in text

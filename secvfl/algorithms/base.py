@@ -117,6 +117,10 @@ class Algorithm(ABC):
         n = self.ctx.rows("train")
         return -(-n // self.cfg.batch_size)
 
+    def step_size(self) -> tuple[str, float]:
+        """The flag that sets this algorithm's step size and its value (a diverged run names it)."""
+        return "--lr", self.cfg.lr
+
     def protocol_hooks(self) -> ProtocolHooks:
         """The parties' public hook points protocols may use (none by default: protocols that need one refuse)."""
         return ProtocolHooks()

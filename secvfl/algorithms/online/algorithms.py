@@ -95,6 +95,9 @@ class OnlineVFL(Algorithm):
 
     window_spec: ClassVar  # (OnlineOptions) -> WindowSpec, per algorithm
 
+    def step_size(self) -> tuple[str, float]:
+        return "--online-lr", self.opts.online_lr
+
     def handles(self) -> dict[str, PartyHandle]:
         return {**{h.name: h for h in self.feature_handles}, LABEL_PARTY: self.label_handle}
 

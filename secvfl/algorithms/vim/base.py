@@ -125,6 +125,9 @@ class VIMAlgorithm(Algorithm):
     def current_epoch(self, epoch: int | None) -> None:
         self.schedule.epoch = epoch
 
+    def step_size(self) -> tuple[str, float]:
+        return "--vim-lr", self.lr
+
     def handles(self) -> dict[str, PartyHandle]:
         return {**{h.name: h for h in self.feature_handles}, LABEL_PARTY: self.label_handle}
 
