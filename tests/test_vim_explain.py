@@ -21,7 +21,7 @@ from secvfl.experiments.vim import bytes_to_target, summary_sets
 from secvfl.transport.network import Network
 
 BLOCK = 4  # columns per party
-# vimadmm-j diverges at its default 0.05 on this set (as vimadmm does on MNIST: docs/vim/README.md)
+# vimadmm-j diverges at its default 0.05 on this set (as vimadmm does on MNIST: BENCHMARKS.md, "VIM (issue 16)")
 LR = {"vimadmm": 0.05, "vimadmm-j": 0.02, "vimsgd": 0.3}
 
 
@@ -127,3 +127,23 @@ def test_summary_sets_take_the_most_and_least_important() -> None:
     sets = summary_sets(importance)
     assert sets["top50"] == [1, 2, 4, 7, 8] and sets["bottom50"] == [0, 3, 5, 6, 9]
     assert sets["top20"] == [1, 7] and sets["bottom20"] == [3, 6]
+
+
+@pytest.mark.slow
+def test_reproduce_vim_writes_its_tables_and_plots(tmp_path) -> None:  # noqa: ANN001
+    from secvfl.cli.main import main
+
+    out = tmp_path / "rep"
+    epochs = ["vafl=1", "fdml=1", "vimsgd=1", "vimadmm=1", "vimadmm-j=1"]
+    assert main(["reproduce", "vim", "--dataset", "digits", "--seeds", "0", "--epochs", *epochs, "--out-dir",
+                 str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert set(result["table"]) == {"vafl", "fdml", "vimsgd", "vimadmm", "vimadmm-j"}
+    vimadmm = result["table"]["vimadmm"]
+    # per round and party: B d_f 4 up plus one header; the dual and head messages down (tests/test_vim_bytes.py)
+    assert vimadmm["bytes_per_round_party0"]["up"] > 64 * 16 * 4
+    assert set(result["summarisation"]) == {"all", "top50", "bottom50", "top20", "bottom20"}
+    assert len(result["summarisation"]["top50"]["parties"]) == 2
+    for name in ("table.md", "accuracy_vs_mb.png", "importance.png"):
+        assert (out / name).stat().st_size > 0
+    assert "Summarisation" in (out / "table.md").read_text()
