@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from secvfl.errors import MessageError
-from secvfl.messages import Message, decode, encode, mark_delivered, payload_size
+from secvfl.messages import Message, decode, encode, encoded_payload_size, mark_delivered
 from secvfl.transport.base import CommStats, Transport
 from secvfl.transport.inprocess import InProcessTransport
 from secvfl.transport.layers import (
@@ -81,7 +81,7 @@ class Network:
         if not messages:
             return
         sender = messages[0].sender
-        if any(m.sender != sender for m in messages):
+        if len(messages) > 1 and any(m.sender != sender for m in messages):
             raise MessageError("send() takes the messages of one sender; call it once per sender")
         self._known(sender)
         if sender in self._views:
@@ -91,8 +91,9 @@ class Network:
             out = layer.outbound(out, sender)
         for m in out:
             self._known(m.receiver)
-            self.transport.put(m.sender, m.receiver, m.kind, encode(m))
-            self.stats.count_payload(m.kind, payload_size(m))
+            data = encode(m)
+            self.transport.put(m.sender, m.receiver, m.kind, data)
+            self.stats.count_payload(m.kind, encoded_payload_size(data))
 
     def receive(self, receiver: str, *, kind: str | None = None, sender: str | None = None) -> Message:
         """Take the oldest matching message for ``receiver`` and pass it through the receiver's inbound layers."""
