@@ -13,13 +13,13 @@ import torch
 
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, Partition
-from secvfl.handles import PartyHandle, local_party
+from secvfl.handles import FeatureHandle, LabelHandle, PartyHandle, local_party
 from secvfl.options import Options
-from secvfl.parties import ProtocolHooks
+from secvfl.parties import FeatureParty, LabelParty, ProtocolHooks
 from secvfl.transport.layers import AlgorithmTraits, Role
 from secvfl.transport.network import Network
 
-__all__ = ["Algorithm", "RunContext", "batch_ids", "BatchSchedule", "ProgressFn", "LABEL_PARTY", "feature_party_names"]
+__all__ = ["Algorithm", "FeatureLabelAlgorithm", "RunContext", "batch_ids", "BatchSchedule", "ProgressFn", "LABEL_PARTY", "feature_party_names"]
 
 LABEL_PARTY = "label"
 SPLITS = ("train", "val", "test")
@@ -150,3 +150,41 @@ class Algorithm(ABC):
         self.step = int(state["step"])
         for n, h in self.handles().items():
             h.load_state_dict(state["parties"][n])
+
+
+class FeatureLabelAlgorithm(Algorithm):
+    """An algorithm whose feature parties all answer one label party (the split algorithms, VIM): it reaches them
+    through ``feature_handles`` and ``label_handle`` and trains in the public batch order ``schedule``, whose ``epoch``
+    is the epoch being trained (None outside ``train_epoch``)."""
+
+    feature_handles: list[FeatureHandle]
+    label_handle: LabelHandle
+    schedule: BatchSchedule
+
+    @property
+    def current_epoch(self) -> int | None:
+        return self.schedule.epoch
+
+    @current_epoch.setter
+    def current_epoch(self, epoch: int | None) -> None:
+        self.schedule.epoch = epoch
+
+    def handles(self) -> dict[str, PartyHandle]:
+        return {**{h.name: h for h in self.feature_handles}, LABEL_PARTY: self.label_handle}
+
+    @property
+    def feature_parties(self) -> list[FeatureParty]:
+        """The feature party objects, in process only (protocol set-up, attacks, tests; see :meth:`parties`)."""
+        return [local_party(h) for h in self.feature_handles]
+
+    @property
+    def label_party(self) -> LabelParty:
+        """The label party object, in process only (see :meth:`parties`)."""
+        return local_party(self.label_handle)
+
+    def predict_proba(self, split: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def protocol_hooks(self) -> ProtocolHooks:
+        return ProtocolHooks(label=self.label_party, feature_parties=tuple(self.feature_parties),
+                             schedule=self.schedule, predict=self.predict_proba)

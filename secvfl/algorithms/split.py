@@ -22,22 +22,22 @@ import torch
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import (
     LABEL_PARTY,
-    Algorithm,
     BatchSchedule,
+    FeatureLabelAlgorithm,
     ProgressFn,
     RunContext,
     feature_party_names,
 )
-from secvfl.handles import FeatureHandle, LabelHandle, PartyHandle, local_party
+from secvfl.handles import FeatureHandle, LabelHandle
 from secvfl.models import ConcatHead, MeanHead, SumHead, make_bottom, output_dim
-from secvfl.parties import FeatureParty, LabelParty, ProtocolHooks, make_optimizer
+from secvfl.parties import FeatureParty, LabelParty, make_optimizer
 from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
 __all__ = ["SplitNN", "VAFL", "FDML"]
 
 
-class _SplitBase(Algorithm):
+class _SplitBase(FeatureLabelAlgorithm):
     """What the three share; ``traits.aggregation`` ("concat" | "mean" | "sum") says how the label party combines."""
 
     output_kind: ClassVar[str] = "embedding"
@@ -71,33 +71,8 @@ class _SplitBase(Algorithm):
         # rows publicly, e.g. for compression's per-row error feedback, without handing anyone this algorithm.
         self.schedule = BatchSchedule(self.train_rows(), cfg.batch_size, cfg.seed)
 
-    @property
-    def current_epoch(self) -> int | None:
-        return self.schedule.epoch
-
-    @current_epoch.setter
-    def current_epoch(self, epoch: int | None) -> None:
-        self.schedule.epoch = epoch
-
     def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
         raise NotImplementedError
-
-    def handles(self) -> dict[str, PartyHandle]:
-        return {**{h.name: h for h in self.feature_handles}, LABEL_PARTY: self.label_handle}
-
-    @property
-    def feature_parties(self) -> list[FeatureParty]:
-        """The feature party objects, in process only (protocol set-up, attacks, tests; see :meth:`parties`)."""
-        return [local_party(h) for h in self.feature_handles]
-
-    @property
-    def label_party(self) -> LabelParty:
-        """The label party object, in process only (see :meth:`parties`)."""
-        return local_party(self.label_handle)
-
-    def protocol_hooks(self) -> ProtocolHooks:
-        return ProtocolHooks(label=self.label_party, feature_parties=tuple(self.feature_parties),
-                             schedule=self.schedule, predict=self.predict_proba)
 
     # -- which rows take part -------------------------------------------------------------------------------
     def train_rows(self) -> np.ndarray:

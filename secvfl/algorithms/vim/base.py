@@ -13,8 +13,8 @@ from torch import nn
 
 from secvfl.algorithms.base import (
     LABEL_PARTY,
-    Algorithm,
     BatchSchedule,
+    FeatureLabelAlgorithm,
     ProgressFn,
     RunContext,
     feature_party_names,
@@ -23,9 +23,8 @@ from secvfl.algorithms.vim.explain import explain_report
 from secvfl.algorithms.vim.options import VIMOptions
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError
-from secvfl.handles import FeatureHandle, LabelHandle, PartyHandle, local_party
+from secvfl.handles import FeatureHandle, LabelHandle
 from secvfl.models import make_bottom, output_dim
-from secvfl.parties import FeatureParty, LabelParty, ProtocolHooks
 from secvfl.transport.network import Network
 
 __all__ = ["VIMAlgorithm", "party_sgd", "label_sgd", "INDIVIDUAL_EMBEDDINGS"]
@@ -53,7 +52,7 @@ def _refuse_core_optimiser_flags(cfg: TrainConfig, algo: str) -> None:
                           f"with SGD: set its step size with --vim-lr and its L2 weight with --vim-beta")
 
 
-class VIMAlgorithm(Algorithm):
+class VIMAlgorithm(FeatureLabelAlgorithm):
     """A VIM algorithm: feature party k runs a bottom model (``--hidden``, output ``--embedding-dim`` = the paper's
     ``d_f``); the prediction is ``sum_k h^k W_k + b``. ``aggregated``: whether the label party receives the sum of
     the parties' outputs through the network's aggregation (VIMADMM-J) or each party's output (VIMSGD, VIMADMM)."""
@@ -117,33 +116,8 @@ class VIMAlgorithm(Algorithm):
         raise NotImplementedError
 
     # -- parties ---------------------------------------------------------------------------------------------------
-    @property
-    def current_epoch(self) -> int | None:
-        return self.schedule.epoch
-
-    @current_epoch.setter
-    def current_epoch(self, epoch: int | None) -> None:
-        self.schedule.epoch = epoch
-
     def step_size(self) -> tuple[str, float]:
         return "--vim-lr", self.lr
-
-    def handles(self) -> dict[str, PartyHandle]:
-        return {**{h.name: h for h in self.feature_handles}, LABEL_PARTY: self.label_handle}
-
-    @property
-    def feature_parties(self) -> list[FeatureParty]:
-        """The feature party objects, in process only (protocol set-up, attacks, tests)."""
-        return [local_party(h) for h in self.feature_handles]
-
-    @property
-    def label_party(self) -> LabelParty:
-        """The label party object, in process only."""
-        return local_party(self.label_handle)
-
-    def protocol_hooks(self) -> ProtocolHooks:
-        return ProtocolHooks(label=self.label_party, feature_parties=tuple(self.feature_parties),
-                             schedule=self.schedule, predict=self.predict_proba)
 
     # -- rows and rounds --------------------------------------------------------------------------------------------
     def train_rows(self) -> np.ndarray:
