@@ -17,7 +17,7 @@ weight decay. Losses are batch means.
 Modules: ``options`` (the ``--vim-*`` flags), ``model`` (the heads), ``zsolve`` (the batched z-update), ``parties``
 and ``handles`` (the ADMM parties and the requests the coordinator makes of them), ``base`` (what the three share).
 
-Defaults (paper, Table 1, MNIST): ``--vim-lr`` 0.3 (vimsgd) / 0.05 (vimadmm, vimadmm-j), ``--vim-rho`` 2 (vimadmm) /
+Defaults (paper, Table 1, MNIST): ``--vim-lr`` 0.3 (vimsgd) / 0.01 (vimadmm, vimadmm-j; the paper's 0.05 diverges here), ``--vim-rho`` 2 (vimadmm) /
 0.5 (vimadmm-j), ``--vim-local-steps`` 20, ``--vim-momentum`` 0.9 (parties' SGD; the label party's SGD has none),
 ``--vim-beta`` 0.005. ``--lr``, ``--optimizer`` and ``--weight-decay`` do not apply (refused). The batch size stays
 the CLI's (``--batch-size``, 64); the paper uses 1024 (``--batch-size 1024``).
