@@ -13,6 +13,7 @@ __all__ = [
     "MessageError",
     "ProtocolError",
     "UnsupportedError",
+    "TrainingDiverged",
     "PartyIsolationError",
     "SecvflWarning",
     "DataWarning",
@@ -25,6 +26,10 @@ class SecvflError(ValueError):
 
 class ConfigError(SecvflError):
     """A flag, config file entry or argument is invalid or contradicts another."""
+
+
+class TrainingDiverged(ConfigError):
+    """Training met non-finite or exploding values (a step size too large for the data or the algorithm)."""
 
 
 class DataError(SecvflError):

@@ -24,12 +24,16 @@ __all__ = [
 ]
 
 
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+def write_bytes_atomic(path: str | Path, data: bytes, *, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it; ``mode`` (e.g. 0o600 for a private key)
+    is set before any byte is written, so the content is never readable under looser permissions."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -39,6 +39,7 @@ __all__ = [
     "require_wire",
     "ProtocolHooks",
     "ReleasingParty",
+    "LabelStream",
 ]
 
 
@@ -173,6 +174,14 @@ class ReleasingParty(Protocol):
         ...
 
 
+class LabelStream(Protocol):
+    """A label party that takes each training label from a stream of (entity, label) events, once per event."""
+
+    def install_label_transform(self, transform: Callable[[int, int], int]) -> None:
+        """Train on ``transform(entity, label)`` instead of each label, applied once as its event is taken."""
+        ...
+
+
 @dataclass(frozen=True)
 class ProtocolHooks:
     """The public hook points an algorithm offers protocols (``Algorithm.protocol_hooks()``); what it lacks is None or
@@ -183,7 +192,8 @@ class ProtocolHooks:
     ``label``: the one label party (its backward rule, training labels, tagger); ``feature_parties``: the feature
     parties (tagger, release rule); ``releasing``: every party whose outputs a release rule governs, by name (default:
     the feature parties); ``schedule``: the public batch order; ``predict``: the run's class probabilities on a split's
-    rows (e.g. rr-prior's second stage needs them on the training rows).
+    rows (e.g. rr-prior's second stage needs them on the training rows); ``label_stream``: a label party that takes
+    each label from a stream as it arrives (online algorithms; ``install_label_transform``).
     """
 
     label: LabelParty | None = None
@@ -191,6 +201,7 @@ class ProtocolHooks:
     releasing: Mapping[str, ReleasingParty] | None = None
     schedule: BatchSchedule | None = None
     predict: Callable[[str], np.ndarray] | None = None
+    label_stream: LabelStream | None = None
 
     def releasing_parties(self) -> Mapping[str, ReleasingParty]:
         return self.releasing if self.releasing is not None else {fp.name: fp for fp in self.feature_parties}

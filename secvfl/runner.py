@@ -33,7 +33,7 @@ from secvfl.algorithms.base import Algorithm, RunContext
 from secvfl.checkpoint import discard_after, latest_epoch, load_checkpoint, save_checkpoint
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, block_miss_probabilities, draw_masks, load_dataset, make_partition
-from secvfl.errors import ConfigError
+from secvfl.errors import ConfigError, TrainingDiverged
 from secvfl.io import write_json_atomic, write_text_atomic
 from secvfl.plugins import ProtocolSetup, configure_protocols
 from secvfl.rundir import check_out_dir, write_curves, writing
@@ -204,11 +204,11 @@ def _kill_at_batch() -> int | None:
 
 
 def _diverged(step_size: tuple[str, float], run_dir: Path | None, epoch: int, batch: int | None,
-              loss: float) -> ConfigError:
+              loss: float) -> TrainingDiverged:
     flag, lr = step_size
     where = f"epoch {epoch + 1}" + (f", batch {batch}" if batch is not None else "")
     kept = f"; {run_dir} keeps the metrics and checkpoint of epoch {epoch}" if run_dir is not None and epoch else ""
-    return ConfigError(
+    return TrainingDiverged(
         f"training stopped: the loss became {loss} at {where}. The step size is probably too large ({flag} "
         f"{lr:g}) or the data hold inf or huge values; start again with a smaller {flag} (e.g. {lr / 10:g}) or "
         f"check the data{kept}"

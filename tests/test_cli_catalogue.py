@@ -80,6 +80,9 @@ _CORRUPT_GZIP = b"\x1f\x8b\x08\x00garbagegarbage"  # a gzip header, then bytes t
 _TABLE = "a,b,y\n" + "".join(f"{i},{i * i % 7},{i % 2}\n" for i in range(40))  # a valid two-class table
 _IDS = "ID,a\n1,2\n2,3\n3,4\n"
 _TRAIN = ("train", "--dataset", "wine", "--epochs", "1")  # errors below come before any training
+_FEDERATION = ('[federation]\nname = "demo"\nlabel_party = "bank"\n'  # a valid federation file, for `secvfl certs`
+               '[parties.bank]\naddress = "127.0.0.1:50051"\ndata = { file = "b.csv", label = "y", id = "id" }\n'
+               '[parties.shop]\naddress = "127.0.0.1:50052"\ndata = { file = "s.csv", columns = ["a"], id = "id" }\n')
 
 
 CASES: list[Case] = [
@@ -435,6 +438,44 @@ CASES: list[Case] = [
          "changes --p-drop 0.2 (the run has 0.3)", setup=_trained_with("--algo", "plugvfl", "--p-drop", "0.3"),
          id="resume-changed-algorithm-option"),
     # -- area: online (cases added below this line) --
+    Case(("reproduce", "online-ablation", "--grid", "p=0"), "--grid p=0: p must be in (0, 1], got 0",
+         id="online-ablation-grid-p-0"),
+    Case(("reproduce", "online-ablation", "--grid", "window=2.5"), "--grid window=2.5: l must be an integer in "
+         "[1, 10000], got 2.5", id="online-ablation-grid-window-fraction"),
+    Case(("reproduce", "online-ablation", "--grid", "alpha=1.5"), "--grid alpha=1.5: alpha must be in (0, 1]",
+         id="online-ablation-grid-alpha-above-1"),
+    Case(("reproduce", "online-ablation", "--grid", "gamma=inf"), "--grid gamma=inf: Gamma must be a finite number",
+         id="online-ablation-grid-gamma-infinite"),
+    Case(("reproduce", "online-ablation", "--grid", "p=half"), "--grid p=half: 'half' is not a number",
+         id="online-ablation-grid-not-a-number"),
+    Case(("reproduce", "online-ablation", "--grid", "p=0.5,0.5"), "--grid p=0.5,0.5: 0.5 is given twice",
+         id="online-ablation-grid-value-twice"),
+    Case(("reproduce", "online-ablation", "--grid", "beta=1"), "unknown sweep 'beta'; choose from p, gamma, window, "
+         "alpha", id="online-ablation-grid-unknown-sweep"),
+    Case(("reproduce", "online-ablation", "--grid", "p"), "--grid p: expected NAME=V1,V2,...",
+         id="online-ablation-grid-no-values"),
+    Case(("reproduce", "online-ablation", "--grid", "p=0.5", "p=1"), "--grid names p twice",
+         id="online-ablation-grid-sweep-twice"),
+    Case(("reproduce", "online-ablation", "--ablations", "p", "--grid", "gamma=0"),
+         "--grid gamma=...: that sweep is not in --ablations p", id="online-ablation-grid-sweep-not-run"),
+    Case(("reproduce", "online-ablation", "--ablations", "beta"), "argument --ablations: invalid choice: 'beta'",
+         id="online-ablation-unknown-sweep"),
+    Case(("reproduce", "online-ablation", "--seeds", "0", "0"), "--seeds 0 0: give each seed once",
+         id="online-ablation-seed-twice"),
+    Case(("reproduce", "online-ablation", "--samples", "0"), "--samples must be at least 1, got 0",
+         id="online-ablation-samples-0"),
+    Case(("reproduce", "online-ablation", "--samples", "100", "--block", "30"),
+         "--samples (100) must be a whole number of --block (30) samples", id="online-ablation-block-not-dividing"),
+    Case(("reproduce", "online-ablation", "--jobs", "0"), "--jobs must be at least 1, got 0",
+         id="online-ablation-jobs-0"),
+    Case(("reproduce", "online-ablation", "--lr", "nan"), "--lr must be a finite number > 0, got nan",
+         id="online-ablation-lr-nan"),
+    Case(("reproduce", "online-ablation", "--metric-window", "0"), "--metric-window must be at least 1, got 0",
+         id="online-ablation-metric-window-0"),
+    Case(("reproduce", "online", "--algos", "sgd", "--samples", "10"), "--algos sgd: choose from ogd, slr, dlr",
+         id="online-reproduce-algos-unknown"),
+    Case(("reproduce", "online", "--activations", "always", "--samples", "10"),
+         "--activations always: choose from full, random, event", id="online-reproduce-activations-unknown"),
     Case(("reproduce", "online", "--samples", "100", "--block", "30"),
          "--samples (100) must be a whole number of --block (30) samples", id="online-reproduce-block-not-dividing"),
     Case(("reproduce", "online", "--jobs", "0"), "--jobs must be at least 1, got 0", id="online-reproduce-jobs-0"),
@@ -463,8 +504,18 @@ CASES: list[Case] = [
          id="online-stream-unknown"),
     Case((*_TRAIN, "--algo", "dlr", "--he", "ckks"), "CKKS needs sum or mean aggregation; algorithm 'dlr' concatenates",
          id="online-ckks-refused"),
-    Case((*_TRAIN, "--algo", "dlr", "--privacy", "dp", "--epsilon", "3"), "--privacy dp is refused for it",
-         id="online-dp-refused"),
+    Case((*_TRAIN, "--algo", "dlr", "--privacy", "dp", "--epsilon", "3", "--dp-mechanism", "gradient"),
+         "'dlr': the gradient mechanism calibrates and accounts its noise per epoch over a fixed training set",
+         id="online-dp-gradient-refused"),
+    Case((*_TRAIN, "--algo", "ogd", "--privacy", "dp", "--noise-multiplier", "1"),
+         "'ogd': the gradient mechanism calibrates and accounts its noise per epoch", id="online-dp-gradient-flag-refused"),
+    Case((*_TRAIN, "--algo", "slr", "--privacy", "dp", "--epsilon", "3", "--dp-mechanism", "rr-prior"),
+         "'slr': randomized response with a prior learns its prior in a first stage", id="online-dp-rr-prior-refused"),
+    Case((*_TRAIN, "--algo", "dlr", "--privacy", "dp", "--epsilon", "3", "--dp-mechanism", "alibi"),
+         "'dlr': ALIBI trains the label party on soft labels", id="online-dp-alibi-refused"),
+    Case((*_TRAIN, "--algo", "dlr", "--privacy", "dp", "--epsilon", "3", "--dp-protect", "features"),
+         "'dlr': feature DP accounts clipped, noised releases per epoch over a fixed training set",
+         id="online-dp-features-refused"),
     Case((*_TRAIN, "--algo", "splitnn", "--activation", "random:0.5"),
          "--activation applies to --algo dlr/ogd/slr only, not splitnn", id="online-activation-for-splitnn"),
     # -- area: vim (cases added below this line) --
@@ -488,6 +539,12 @@ CASES: list[Case] = [
          id="vim-reproduce-jobs-0"),
     Case(("bench", "vim", "--dataset", "digits", "--epochs", "0"), "--epochs must be at least 1, got 0",
          id="vim-bench-epochs-0"),
+    Case((*_TRAIN, "--algo", "vimadmm", "--vim-prox", "-1"), "--vim-prox must be in [0, 100], got -1.0",
+         id="vim-prox-negative"),
+    Case((*_TRAIN, "--algo", "vimadmm", "--vim-prox", "nan"), "--vim-prox must be in [0, 100], got nan",
+         id="vim-prox-nan"),
+    Case((*_TRAIN, "--algo", "vimsgd", "--vim-prox", "0.3"), "--vim-prox applies to --algo vimadmm/vimadmm-j only, "
+         "not vimsgd", id="vim-prox-for-vimsgd"),
     Case((*_TRAIN, "--algo", "vimadmm", "--vim-rho", "0"), "--vim-rho must be a finite number > 0, got 0.0",
          id="vim-rho-0"),
     Case((*_TRAIN, "--algo", "vimadmm", "--vim-rho", "inf"), "--vim-rho must be a finite number > 0, got inf",
@@ -520,6 +577,26 @@ CASES: list[Case] = [
           "--dp-mechanism", "alibi"), "the vimadmm-j label party sends no gradients", id="vim-joint-dp-alibi"),
     Case(("train", "--dataset", "wine", "--epochs", "2", "--algo", "vimadmm", "--privacy", "dp", "--epsilon", "3",
           "--dp-mechanism", "rr-prior"), "use --dp-mechanism rr", id="vim-admm-dp-rr-prior"),
+    # -- area: federation (cases added below this line) --
+    Case(("certs", "--federation", "{tmp}/nope.toml"), "nope.toml does not exist; write one",
+         id="certs-federation-missing"),
+    Case(("certs", "--federation", "{tmp}/f.toml"), "not valid TOML: Invalid value (at line 2, column 8)",
+         setup=_write("f.toml", _FEDERATION.replace('"demo"', "demo")), id="certs-federation-bad-toml"),
+    Case(("certs", "--federation", "{tmp}/f.toml"), "[parties.shop]: unknown key 'adress'; did you mean 'address'?",
+         setup=_write("f.toml", _FEDERATION.replace('address = "127.0.0.1:50052"', 'adress = "127.0.0.1:50052"')),
+         id="certs-federation-typo"),
+    Case(("certs", "--federation", "{tmp}/f.toml"), "127.0.0.1:50051 is already the address of party 'bank'",
+         setup=_write("f.toml", _FEDERATION.replace("50052", "50051")), id="certs-federation-duplicate-address"),
+    Case(("certs", "--federation", "{tmp}/f.toml"), "[federation] label_party: 'shop2' is not a declared party",
+         setup=_write("f.toml", _FEDERATION.replace('label_party = "bank"', 'label_party = "shop2"')),
+         id="certs-federation-label-party-undeclared"),
+    Case(("certs", "--federation", "{tmp}/f.toml", "--days", "0"), "--days must be from 1 to 3650",
+         setup=_write("f.toml", _FEDERATION), id="certs-days-0"),
+    Case(("certs", "--federation", "{tmp}/f.toml", "--out", "{tmp}/f.toml"), "is a file; name a folder",
+         setup=_write("f.toml", _FEDERATION), id="certs-out-is-a-file"),
+    Case(("certs", "--federation", "{tmp}/f.toml", "--out", "{tmp}/certs"), "certs/shop.key already exists; pass "
+         "--force", setup=_all(_write("f.toml", _FEDERATION), _write("certs/shop.key", "old")),
+         id="certs-would-overwrite"),
 ]
 
 

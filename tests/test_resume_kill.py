@@ -41,6 +41,12 @@ CASES = {
     # a block of 30 stream rounds per epoch: the stream's generator, DLR windows and activation generators resume
     "online-dlr": ["--algo", "dlr", "--samples", "30", "--stream", "nonstationary", "--activation", "random:0.5",
                    "--online-window", "4"],
+    # SLR: the window of inputs, held flags and labels (missing blocks included) resumes
+    "online-slr": ["--algo", "slr", "--samples", "30", "--stream", "nonstationary", "--activation", "random:0.5",
+                   "--online-window", "7", "--p-miss-train", "0.2"],
+    # label DP on a stream: the randomized-response noise position and the count of labels released resume
+    "online-dlr-dp": ["--algo", "dlr", "--samples", "30", "--online-window", "4", "--privacy", "dp", "--epsilon", "3",
+                      "--dp-reproducible"],
 }
 FAST = {"secure-channel"}  # one case stays in the default (fast) selection; the others are marked slow
 

@@ -12,7 +12,7 @@ import torch
 from scipy.optimize import minimize
 from scipy.special import expit, logsumexp
 
-from secvfl.algorithms.vim.parties import ADMMFeatureParty
+from secvfl.algorithms.vim.parties import ADMMFeatureParty, _LocalSteps
 from secvfl.config import TrainConfig
 from secvfl.messages import Message, decode, encode
 from secvfl.runner import build_run, run_training
@@ -52,15 +52,23 @@ def _momentum_sgd(params: list[torch.Tensor], grads: list[torch.Tensor], buffers
         p.data -= lr * buffers[i]
 
 
-def _objective(out: torch.Tensor, lam: torch.Tensor, s: torch.Tensor, rho: float) -> torch.Tensor:
-    return ((lam * out).sum(1) + rho / 2 * ((s - out) ** 2).sum(1)).mean()
+def _objective(out: torch.Tensor, lam: torch.Tensor, s: torch.Tensor, rho: float, anchor: torch.Tensor | None = None,
+               gamma: float = 0.0) -> torch.Tensor:
+    value = (lam * out).sum(1) + rho / 2 * ((s - out) ** 2).sum(1)
+    if anchor is not None:  # the proximal Jacobian term (Deng et al. 2017)
+        value = value + gamma / 2 * ((out - anchor) ** 2).sum(1)
+    return value.mean()
 
 
+@pytest.mark.parametrize("prox", [0.0, 0.5])
 @pytest.mark.parametrize("algo", ["vimadmm", "vimadmm-j"])
-def test_one_round_matches_the_papers_equations(algo: str) -> None:
+def test_one_round_matches_the_papers_equations(algo: str, prox: float) -> None:
     """One round (the whole training split is one batch) against eqs. 6-10 (vimadmm) or 16-20 (vimadmm-j), with
-    the z-update by scipy, the head step and the parties' momentum SGD written out here, in float64."""
-    run = build_run(_config(algo))
+    the z-update by scipy, the head step and the parties' momentum SGD written out here, in float64. ``prox`` C > 0
+    adds gamma/2 ||o - o_0||^2, gamma = C (M - 1) rho, to the parties' local objectives (o_0: the output when the
+    round began, with the round's new head for vimadmm)."""
+    run = build_run(_config(algo, options={"vim_prox": prox} if prox else {}))
+    gamma = prox * (2 - 1) * RHO[algo]
     alg, rho = run.algorithm, RHO[algo]
     models = [copy.deepcopy(fp.model) for fp in alg.feature_parties]
     heads = copy.deepcopy(alg.label_party.head)
@@ -95,21 +103,51 @@ def test_one_round_matches_the_papers_equations(algo: str) -> None:
         if algo == "vimadmm":
             params = list(model.parameters())
             buffers: list = [None] * len(params)
+            with torch.no_grad():
+                anchor = model(x) @ weights[k]
             for _ in range(STEPS):
                 out = model(x) @ weights[k]
-                _momentum_sgd(params, torch.autograd.grad(_objective(out, lam, residuals[k], rho), params), buffers,
-                              LR)
+                objective = _objective(out, lam, residuals[k], rho, anchor, gamma)
+                _momentum_sgd(params, torch.autograd.grad(objective, params), buffers, LR)
         else:
             bottom, head = model[0], model[1]
             pb, ph = list(bottom.parameters()), list(head.parameters())
             bb: list = [None] * len(pb)
             bh: list = [None] * len(ph)
+            anchor = own[k]
             for _ in range(STEPS):  # eq. 19 on the head with the bottom fixed, then eq. 20 with the new head
                 h = bottom(x).detach()
-                _momentum_sgd(ph, torch.autograd.grad(_objective(head(h), lam, residuals[k], rho), ph), bh, LR)
-                _momentum_sgd(pb, torch.autograd.grad(_objective(head(bottom(x)), lam, residuals[k], rho), pb), bb, LR)
+                objective = _objective(head(h), lam, residuals[k], rho, anchor, gamma)
+                _momentum_sgd(ph, torch.autograd.grad(objective, ph), bh, LR)
+                objective = _objective(head(bottom(x)), lam, residuals[k], rho, anchor, gamma)
+                _momentum_sgd(pb, torch.autograd.grad(objective, pb), bb, LR)
         for p, got in zip(model.parameters(), alg.feature_parties[k].model.parameters(), strict=True):
             np.testing.assert_allclose(got.detach().numpy(), p.detach().numpy(), atol=1e-7)
+
+
+def test_local_steps_restart_momentum_and_halve_the_step_when_the_objective_blows_up() -> None:
+    """f(p) = a/2 p^2 with lr * a = 5 (heavy ball is stable below 2 (1 + momentum) = 3.8): plain SGD with momentum
+    blows up (checked here, so the test has power); the safeguarded steps (momentum reset, step halved when f more
+    than doubles) end below the start, and the configured step size is back after the round."""
+    a, lr = 2.0, 2.5
+    p = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+    opt = torch.optim.SGD([p], lr=lr, momentum=0.9)
+    steps = _LocalSteps(opt)
+    start = float(a / 2 * p.detach() ** 2)
+    for _ in range(20):
+        opt.zero_grad()
+        value = a / 2 * (p ** 2).sum()
+        value.backward()
+        steps.step(float(value.detach()))
+    steps.restore()
+    assert float(a / 2 * p.detach() ** 2) < start
+    assert steps.restarts >= 1 and opt.param_groups[0]["lr"] == pytest.approx(lr)
+
+    q, buf = 1.0, 0.0  # the same 20 steps without the safeguard
+    for _ in range(20):
+        buf = 0.9 * buf + a * q
+        q -= lr * buf
+    assert a / 2 * q * q > 1e6 * start
 
 
 @pytest.mark.parametrize("joint", [False, True])

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 from scipy.special import expit, logsumexp
 
-from secvfl.algorithms.vim.zsolve import solve_z
-from secvfl.errors import ConfigError
+from secvfl.algorithms.vim.zsolve import solve_z, z_objective
+from secvfl.errors import ConfigError, TrainingDiverged
 
 
 def _scipy_z(v: np.ndarray, lam: np.ndarray, y: int, rho: float) -> np.ndarray:
@@ -59,5 +59,27 @@ def test_z_update_of_a_float32_batch_comes_back_in_float32_and_within_tolerance(
 
 def test_z_update_refuses_non_finite_inputs_with_one_line():
     v = torch.tensor([[float("nan"), 0.0]], dtype=torch.float64)
-    with pytest.raises(ConfigError, match="z-update did not reach its tolerance"):
+    with pytest.raises(TrainingDiverged, match="training diverged: .*non-finite values; lower --vim-lr"):
         solve_z(v, torch.zeros_like(v), torch.tensor([0]), 1.0)
+    with pytest.raises(TrainingDiverged, match="non-finite"):
+        solve_z(torch.zeros(1, 2), torch.tensor([[float("inf"), 0.0]]), torch.tensor([0]), 1.0)
+
+
+@pytest.mark.parametrize("size", [1e3, 1e6])
+def test_z_update_tolerance_scales_with_its_inputs(size):
+    """Huge but finite logits and duals: float64 rounding alone leaves a gradient of ~1e-16 of their size, so an
+    absolute 1e-9 can be out of reach; the relative tolerance is reached and the answer matches scipy's."""
+    gen = torch.Generator().manual_seed(3)
+    v = size * torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    lam = size * torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 1])
+    z, _ = solve_z(v, lam, y, 2.0)
+    vn, ln = v.numpy(), lam.numpy()
+    for j in range(4):
+        def fg(q, j=j):  # the objective and its exact gradient, in numpy (scipy's reference, not the solver's code)
+            onehot = np.eye(3)[int(y[j])]
+            f = logsumexp(q) - q @ onehot - ln[j] @ q + (q - vn[j]) @ (q - vn[j])
+            return f, np.exp(q - logsumexp(q)) - onehot - ln[j] + 2.0 * (q - vn[j])
+        ref = minimize(fg, vn[j] + ln[j] / 2.0, jac=True, method="L-BFGS-B",
+                       options={"ftol": 0.0, "gtol": 1e-9 * size, "maxiter": 1000})
+        assert np.allclose(z[j].numpy(), ref.x, rtol=1e-9, atol=1e-8 * size)

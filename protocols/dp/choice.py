@@ -11,11 +11,15 @@ from collections.abc import Sequence
 
 from protocols.dp.rr import rr_keep_probability
 
-__all__ = ["choose_mechanism", "GRADIENT_ONLY_FLAGS", "RR_PRIOR_MIN_SIGNAL"]
+__all__ = ["choose_mechanism", "GRADIENT_ONLY_FLAGS", "RR_PRIOR_MIN_SIGNAL", "STREAM_REASON"]
 
 # n_train * (RR's keep probability - 1/K): how many labels' worth of information plain randomized response leaves.
 # rr-prior learns its prior from half of those in stage 1; below this it misled more than it helped (measured).
 RR_PRIOR_MIN_SIGNAL = 500
+
+# Why randomized response is the one label mechanism for a stream (each refusal in protocols.dp.plugin says more)
+STREAM_REASON = ("the label party takes each label from a stream as it arrives, and randomized response of each label, "
+                 "once, on arrival is the label mechanism that fits a stream (the others need a fixed training set)")
 
 # Flags that only the gradient mechanism uses: a user who gives one asks for it.
 GRADIENT_ONLY_FLAGS = ("--noise-multiplier", "--dp-clip", "--dp-clip-norm", "--dp-head-weight",
@@ -31,14 +35,18 @@ def choose_mechanism(
     n_train: int,
     gradient_flags: Sequence[str] = (),
     backward_pass: bool = True,
+    streamed_labels: bool = False,
 ) -> tuple[str, str]:
     """``(mechanism, reason)`` for ``--dp-mechanism auto``; ``gradient_flags``: the gradient-only flags given;
     ``backward_pass``: the label party trains by a backward pass through its loss (``AlgorithmTraits.gradient_based``),
-    which every mechanism but plain randomized response replaces or reweights."""
+    which every mechanism but plain randomized response replaces or reweights; ``streamed_labels``: the label party
+    takes each label from a stream as it arrives (``AlgorithmTraits.streamed_labels``)."""
     if protects == "features":
         return "gradient", "feature DP has one mechanism (clipped, noised embeddings and DP-SGD)"
     if gradient_flags:
         return "gradient", f"{', '.join(gradient_flags)} applies to the gradient mechanism only"
+    if streamed_labels:
+        return "rr", STREAM_REASON
     if not backward_pass:
         return "rr", ("the algorithm's label party sends no gradients, so only randomized response (labels replaced "
                       "once, before training) applies")

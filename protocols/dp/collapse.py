@@ -38,8 +38,9 @@ def _reason(plan: DPPlan, n_classes: int) -> str:
                 f"bottom models mostly learn noise" + (" (it degrades fastest with many classes)" if n_classes > 2 else ""))
     k = max(n_classes, 2)
     keep = rr_keep_probability(eps, k)
+    rows = "the stream samples seen" if plan.config.stream else f"{n} training rows"
     return (f"at epsilon {eps:.3g} with {k} classes a released label is the true one with probability about "
-            f"{keep:.2f} (chance {1 / k:.2f}), too little signal for {n} training rows")
+            f"{keep:.2f} (chance {1 / k:.2f}), too little signal for {rows}")
 
 
 def _advice(plan: DPPlan) -> str:
@@ -48,6 +49,9 @@ def _advice(plan: DPPlan) -> str:
     if plan.mechanism == "gradient":
         return ("use --dp-mechanism auto (randomized response or its prior variant release each label once), or raise "
                 "--epsilon, or train fewer --epochs")
+    if plan.config.stream:  # randomized response is the one mechanism for a stream
+        return ("raise --epsilon, or learn from a longer stream (--samples, --epochs: epsilon stays per stream sample, "
+                "though a replayed source row drawn more often has its label released more often)")
     return "raise --epsilon, train on more rows, or try another --dp-mechanism (rr, rr-prior, alibi)"
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "MECHANISM_WORDS",
     "LABEL_RELEASE_MECHANISMS",
     "PROTECTS",
+    "STREAM_UNIT",
 ]
 
 MECHANISMS = ("gradient", "rr", "rr-prior", "alibi")
@@ -32,6 +33,10 @@ MECHANISMS = ("gradient", "rr", "rr-prior", "alibi")
 # multiplier); everything after the release is post-processing.
 LABEL_RELEASE_MECHANISMS = ("rr", "rr-prior", "alibi")
 PROTECTS = ("labels", "features")
+STREAM_NEIGHBOURING = "replace-one-label: two streams are neighbours if they differ in the label of one stream sample"
+# What one epsilon covers on a stream (summary.json's privacy.privacy_unit; protocols.dp.stream)
+STREAM_UNIT = ("stream sample: each label randomised once, as it arrives; parallel composition over distinct samples, "
+               "no growth with the stream's length")
 
 
 MECHANISM_WORDS = {
@@ -68,6 +73,9 @@ class DPConfig:
     head_weight: float = 1.0
     stage1_fraction: float = 0.5  # rr-prior: share of the training rows randomised in stage 1 (Ghazi et al. 2021)
     auto_reason: str | None = None  # set when --dp-mechanism auto chose the mechanism: why
+    # the labels arrive in a stream, each sample once (online algorithms): randomized response of each label as it
+    # arrives, epsilon per stream sample (protocols.dp.stream)
+    stream: bool = False
 
 
 @dataclass
@@ -103,6 +111,8 @@ class DPPlan:
 
     def to_summary(self, *, secure_rng: bool) -> dict[str, Any]:
         c = self.config
+        # (a stream has no batches; its neighbours differ in one stream sample's label)
+        stream = {"privacy_unit": STREAM_UNIT, "neighbouring": STREAM_NEIGHBOURING, "batch_size": None} if c.stream else {}
         return {
             "mechanism": c.mechanism,
             "protects": c.protects,
@@ -125,6 +135,7 @@ class DPPlan:
             "target_epsilon": c.epsilon,
             "auto_reason": c.auto_reason,
             "notes": list(self.notes),
+            **stream,
         }
 
     def state(self) -> dict[str, Any]:

@@ -13,6 +13,10 @@ When an entry is written, always before the release it records:
   killed after the entry and before that release is charged as if it had released (the safe side).
 * ``labels`` (rr, alibi) and ``stage1`` (rr-prior): when a process starts training on labels it randomised itself;
   a resumed process reuses the labels stored in the checkpoint and writes none.
+* ``block`` (rr on a stream, :mod:`protocols.dp.stream`): when a process starts a block of stream samples, before
+  it randomises the first label of the block. The samples of different blocks are distinct, so the most released
+  sample's count is the most processes that started any one block (a resumed process replays the block it was
+  interrupted in: the same stream samples, whose labels it randomises again).
 * ``stage2`` (rr-prior): when stage 2 releases; the released labels are stored beside the ledger
   (``rr-prior-stage2.json``) before they are used, so a process resumed before the next checkpoint reuses them.
 
@@ -57,8 +61,11 @@ def replay_key(*, secure: bool, device: str, threads: int) -> str | None:
 def ledger_header(plan: DPPlan, party: str) -> dict[str, Any]:
     """What a ledger's releases were made with: a ledger written under other settings is another run's."""
     pure = plan.mechanism in LABEL_RELEASE_MECHANISMS
-    return {"party": party, "mechanism": plan.mechanism, "protects": plan.protects, "n_train": plan.n_train,
-            "noise_multiplier": None if pure else plan.noise_multiplier, "epsilon": plan.epsilon if pure else None}
+    header = {"party": party, "mechanism": plan.mechanism, "protects": plan.protects, "n_train": plan.n_train,
+              "noise_multiplier": None if pure else plan.noise_multiplier, "epsilon": plan.epsilon if pure else None}
+    if plan.config.stream:  # (only then: the ledgers of earlier runs keep their header)
+        header["stream"] = True
+    return header
 
 
 def _distinct(entries: Iterable[dict[str, Any]]) -> int:
@@ -69,6 +76,10 @@ def _distinct(entries: Iterable[dict[str, Any]]) -> int:
 
 def releases_per_sample(plan: DPPlan, entries: Sequence[dict[str, Any]]) -> int:
     """How often the most released training sample has been released, per the ledger ``entries``."""
+    if plan.config.stream:  # each block's samples are its own: the most repeated block counts
+        blocks = {e["epoch"] for e in entries if e["release"] == "block"}
+        return max((_distinct(e for e in entries if e["release"] == "block" and e["epoch"] == k) for k in blocks),
+                   default=0)
     if plan.mechanism in LABEL_RELEASE_MECHANISMS:
         return max(_distinct(e for e in entries if e["release"] == part) for part in _PARTS[plan.mechanism])
     per_epoch = plan.releases_per_sample // plan.epochs  # 1 (labels) or 2 (features: the row and the model update)
@@ -90,7 +101,8 @@ def repeated_releases(entries: Sequence[dict[str, Any]]) -> dict[str, int]:
     """What was released more than once, and how often: ``{"epoch 2": 2}``, ``{"stage2": 2}``."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
-        groups.setdefault(f"epoch {e['epoch'] + 1}" if e["release"] == "epoch" else e["release"], []).append(e)
+        name = f"{e['release']} {e['epoch'] + 1}" if e["release"] in ("epoch", "block") else e["release"]
+        groups.setdefault(name, []).append(e)
     return {name: n for name, group in groups.items() if (n := _distinct(group)) > 1}
 
 

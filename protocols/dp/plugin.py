@@ -18,6 +18,10 @@ What each setting installs (threat models in :mod:`protocols.dp.label_dp`, :mod:
 ``--dp-protect labels --dp-mechanism alibi``
     ALIBI (:mod:`protocols.dp.alibi`): each label's one-hot vector plus Laplace noise, once, before training; the label
     party trains on the Bayesian posteriors (:class:`protocols.dp.targets.TargetBackward`).
+``--algo ogd | slr | dlr`` (labels from a stream, ``AlgorithmTraits.streamed_labels``)
+    ``rr`` only (``auto`` picks it; the rest is refused with its reason): :class:`protocols.dp.stream.StreamRR`,
+    installed through the label party's ``install_label_transform`` hook, randomises each label once, as its event
+    is taken from the feed; epsilon per stream sample, the ledger charges blocks (a resumed block is released again).
 ``--dp-protect features``
     every protected feature party clips and noises each training embedding row it releases and trains its bottom
     model with DP-SGD (:class:`FeatureDP`); the layer refuses an embedding message from it that bypassed that.
@@ -42,7 +46,7 @@ import torch
 from protocols.dp.alibi import alibi_soft_labels
 from protocols.dp.choice import choose_mechanism
 from protocols.dp.collapse import chance_accuracy, utility_collapse
-from protocols.dp.config import LABEL_RELEASE_MECHANISMS, DPPlan, plan_dp
+from protocols.dp.config import LABEL_RELEASE_MECHANISMS, DPConfig, DPPlan, plan_dp
 from protocols.dp.feature_dp import FeatureDP
 from protocols.dp.label_dp import LabelDPRule
 from protocols.dp.ledger import (
@@ -59,6 +63,7 @@ from protocols.dp.rng import NoiseSource, make_noise_source
 from protocols.dp.rr import randomized_response
 from protocols.dp.staged import TwoStageRR, stage2_epoch_for, stage_split
 from protocols.dp.statement import privacy_markdown, privacy_statement, privacy_summary
+from protocols.dp.stream import StreamRR
 from protocols.dp.targets import TargetBackward
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.io import write_json_atomic
@@ -95,6 +100,8 @@ class DPLayer(Layer):
         self.targets_install = None  # callable(targets) installing released targets at the label party
         self.staged: TwoStageRR | None = None  # rr-prior's stages
         self.alibi_targets: np.ndarray | None = None  # alibi's released soft labels
+        self.stream: StreamRR | None = None  # rr on a stream: each label randomised as it arrives (online algorithms)
+        self.stream_checked = 0  # stream labels released when the label party last sent gradients
         # rr, rr-prior's stage 1, alibi: the labels were randomised by this process (not restored from a checkpoint)
         self.labels_released_here = False
         self.ledgers: dict[str, ReleaseLedger] = {}  # releasing party -> its release ledger (see bind)
@@ -111,6 +118,10 @@ class DPLayer(Layer):
     # -- the release ledger (protocols.dp.ledger) ---------------------------------------------------------------
     def start_epoch(self, net: Network, epoch: int) -> None:
         # written (durably, once the run directory is known) before this process releases anything of the epoch
+        if self.plan.config.stream:  # the block's stream samples, randomised as they arrive
+            for ledger in self.ledgers.values():
+                ledger.record("block", epoch)
+            return
         if self.plan.mechanism not in LABEL_RELEASE_MECHANISMS:
             for ledger in self.ledgers.values():
                 ledger.record("epoch", epoch)
@@ -178,6 +189,12 @@ class DPLayer(Layer):
                         "refusing to release them"
                     )
                 self.rule.pending_release = False
+        if self.stream is not None and role == Role.LABEL and any(m.kind == "gradient" for m in messages):
+            # a round's gradients follow the randomisation of that round's label
+            if self.stream.released <= self.stream_checked:
+                raise ProtocolError(f"label DP: gradient messages from {party} were sent without a stream label "
+                                    "randomised for their round; refusing to release them")
+            self.stream_checked = self.stream.released
         if self.targets_rule is not None and role == Role.LABEL and any(m.kind == "gradient" for m in messages):
             if not self.targets_rule.pending_release:
                 raise ProtocolError(
@@ -204,6 +221,8 @@ class DPLayer(Layer):
             d.update(self.targets_rule.describe())
         if self.staged is not None:
             d["stages"] = self.staged.describe()
+        if self.stream is not None:
+            d.update(self.stream.describe())
         return d
 
     def mechanism_state(self) -> dict[str, Any]:
@@ -245,6 +264,8 @@ class DPLayer(Layer):
             if self.rule.posterior is not None:
                 state["posterior"] = self.rule.posterior.state_dict()
         state.update(self.mechanism_state())
+        if self.stream is not None:
+            state["rr_stream"] = self.stream.state_dict()
         # Where each noise stream stands, so a resumed --dp-reproducible run draws the noise an uninterrupted one
         # would (a secure stream gets a fresh key in a new process; its position is kept only for the record).
         state["noise"] = {purpose: source.state_dict() for purpose, source in self.noise_sources().items()}
@@ -258,6 +279,8 @@ class DPLayer(Layer):
             sources["label-dp"] = self.rule.noise
         for party, mech in self.features.items():
             sources[f"feature-dp/{party}"] = mech.noise
+        if self.stream is not None:
+            sources["rr-stream"] = self.stream.noise
         return sources
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -276,6 +299,9 @@ class DPLayer(Layer):
             if purpose in sources:
                 sources[purpose].load_state_dict(position)
         self.load_mechanism_state(state)
+        if "rr_stream" in state and self.stream is not None:
+            self.stream.load_state_dict(state["rr_stream"])
+            self.stream_checked = self.stream.released
         if "rr_labels" in state:
             self.rr_labels = np.asarray(state["rr_labels"], dtype=np.int64)
             if self.rr_install is not None:
@@ -347,7 +373,12 @@ class DPPlugin(ProtocolPlugin):
             config.mechanism, config.auto_reason = choose_mechanism(
                 protects=config.protects, n_classes=n_classes, epochs=cfg.epochs, epsilon=config.epsilon,
                 n_train=ctx.rows("train"), gradient_flags=options.gradient_flags(),
-                backward_pass=traits.gradient_based)
+                backward_pass=traits.gradient_based, streamed_labels=traits.streamed_labels)
+        if traits.streamed_labels:
+            refusal = _stream_refusal(config, traits.name)
+            if refusal:
+                raise UnsupportedError(f"--privacy dp is not valid for algorithm {traits.name!r}: {refusal}")
+            config.stream = True
         problems = options.inapplicable(config)
         if problems:
             raise ConfigError("; ".join(problems))
@@ -416,6 +447,8 @@ class DPPlugin(ProtocolPlugin):
                 s["released"] = layer.rule.describe()
             if layer.targets_rule is not None:
                 s["released"] = layer.describe()
+            if layer.stream is not None:
+                s["released"] = layer.stream.describe()
             if protected:
                 s["protected_parties"] = protected
             if keeper is not None:
@@ -484,7 +517,9 @@ def _check_budget(layer: DPLayer, limit: float, run_dir: Path | None, trained: i
         return
     ledger = ledgers[0]  # every releasing party's ledger records the same epochs
     future = []
-    if plan.mechanism in LABEL_RELEASE_MECHANISMS:
+    if plan.config.stream:  # every remaining block's stream samples
+        future = [ledger.entry("block", e) for e in range(trained, epochs)]
+    elif plan.mechanism in LABEL_RELEASE_MECHANISMS:
         if layer.labels_released_here:
             future.append(ledger.entry("stage1" if plan.mechanism == "rr-prior" else "labels", trained))
         if layer.staged is not None and not layer.staged.stage2_done and layer.stored_stage2() is None:
@@ -508,11 +543,48 @@ def _check_budget(layer: DPLayer, limit: float, run_dir: Path | None, trained: i
     )
 
 
+# Why each DP setting other than randomized response of the labels is refused for an algorithm whose label party takes
+# its labels from a stream (AlgorithmTraits.streamed_labels); --dp-mechanism auto picks rr there.
+_STREAM_REFUSALS = {
+    "gradient": "the gradient mechanism calibrates and accounts its noise per epoch over a fixed training set (each "
+                "sample released once per epoch), and {algo} learns from a stream, which has none",
+    "rr-prior": "randomized response with a prior learns its prior in a first stage trained on part of a fixed "
+                "training set, and {algo}'s stream has no fixed set to split",
+    "alibi": "ALIBI trains the label party on soft labels (Bayesian posteriors), and {algo}'s label party trains on one "
+             "label per round",
+}
+
+
+def _stream_refusal(config: DPConfig, algo: str) -> str | None:
+    """Why ``config`` cannot protect a streamed run of ``algo`` (None: it can), with what to use instead."""
+    if config.protects == "features":
+        return (f"feature DP accounts clipped, noised releases per epoch over a fixed training set, and {algo}'s "
+                "feature parties send an embedding of every stream sample as it arrives, with no feature mechanism "
+                "accounted over a stream; use --dp-protect labels (each streamed label randomised once, as it "
+                "arrives)")
+    if config.mechanism in _STREAM_REFUSALS:
+        if config.auto_reason:  # auto chose the gradient mechanism for a flag only it reads
+            return (_STREAM_REFUSALS[config.mechanism].format(algo=algo) + f"; --dp-mechanism auto chose it because "
+                    f"{config.auto_reason}: drop that, and give --epsilon (each streamed label randomised once)")
+        return (_STREAM_REFUSALS[config.mechanism].format(algo=algo) + "; use --dp-mechanism rr (each streamed label "
+                "randomised once, as it arrives) or auto")
+    return None
+
+
 def _attach(algo: Algorithm, layer: DPLayer, plan: DPPlan, noise: NoiseSource, cfg: TrainConfig, n_classes: int,
             before_epoch: list[Callable[[int], None]]) -> None:
     """Install the mechanism through the algorithm's public hooks (:class:`~secvfl.parties.ProtocolHooks`)."""
     c = plan.config
     hooks = algo.protocol_hooks()
+    if c.protects == "labels" and c.stream:
+        stream = hooks.label_stream
+        if stream is None:
+            raise UnsupportedError(f"label DP on a stream needs a label party that takes each label as it arrives; "
+                                   f"{algo.name} offers none, so --privacy dp is refused for it")
+        # each label once, when the label party takes its event from the feed (protocols.dp.stream)
+        layer.stream = StreamRR(max(n_classes, 2), plan.epsilon, noise.derive("rr"))
+        stream.install_label_transform(layer.stream)
+        return
     if c.protects == "labels":
         lp = hooks.label
         if lp is None:

@@ -23,6 +23,7 @@ __all__ = [
     "inference_bound",
     "inference_bound_words",
     "inference_markdown",
+    "stream_markdown",
 ]
 
 _CLIP_WORDS = {
@@ -102,7 +103,9 @@ def privacy_statement(
     ``train_loss``: where the label party keeps a training loss computed from the true labels (gradient mechanism)."""
     eps, delta = plan.epsilon, plan.delta
     algo = f" ({algorithm})" if algorithm else ""
-    if plan.mechanism in LABEL_RELEASE_MECHANISMS:
+    if plan.config.stream:
+        text = f"Privacy guarantee{algo}: " + _stream_words(plan, n_classes or 2, released or {})
+    elif plan.mechanism in LABEL_RELEASE_MECHANISMS:
         text = (
             f"Privacy guarantee{algo}: label differential privacy by {_RELEASE_NAMES[plan.mechanism]}, epsilon = "
             f"{_num(eps)} (pure DP, delta = 0). " + _release_words(plan, n_classes or 2, released or {})
@@ -196,6 +199,61 @@ def _release_words(plan: DPPlan, k: int, released: dict[str, Any]) -> str:
     )
 
 
+def _stream_words(plan: DPPlan, k: int, released: dict[str, Any]) -> str:
+    """Randomized response on a stream (protocols.dp.stream): what epsilon means per stream sample, and for a replay."""
+    eps = _num(plan.epsilon)
+    keep = rr_keep_probability(plan.epsilon, k)
+    n = released.get("stream_labels_released")
+    count = f" ({n:,} stream labels in this run)" if n is not None else ""
+    draws = (f"; this run drew {n:,} samples from them, {n / plan.n_train:.2f} per row on average"
+             if n is not None and plan.n_train else "")
+    return (
+        f"label differential privacy by randomized response on a stream, epsilon = {eps} per stream sample (pure DP, "
+        f"delta = 0). As each (entity, label) event of the stream arrived, the label party replaced its label once by "
+        f"randomized response: it kept the true label with probability {keep:.4f} and otherwise reported one of the "
+        f"other {k - 1} class(es) uniformly at random{count}. Training used only these released labels: the round's "
+        "gradients to the feature parties, the head's update and every later reuse of the label (DLR's window of past "
+        "gradients, SLR's window of the last l labels) are post-processing, so for any two streams that differ in one "
+        f"sample's label, every outcome is at most e^{eps} times more likely under one than under the other, whoever "
+        "observes it. Every stream sample is a new individual whose label is released once, so by parallel "
+        "composition over distinct samples this epsilon holds for each sample and does not grow with the length of "
+        "the stream. For a dataset replayed as a stream (as `secvfl train` does), the unit of privacy is the stream "
+        f"sample, not the source row: the replay draws copies of the same {plan.n_train:,} source rows (deformed, for "
+        f"images{draws}), and a source row drawn r times has its label released r times, r * epsilon for that "
+        "row; events from live sources (RoundJoin) are individuals. The prequential error is the label party's "
+        "own score of its predictions against the true labels it holds: computed locally, it is no private release, "
+        "so the error in metrics.jsonl, summary.json and online_error.png stays with the label party. Not protected: "
+        "the features, which entities arrive and when, the number of samples and classes, and the labels from the "
+        "label party itself, which holds them."
+    )
+
+
+def stream_markdown(plan: DPPlan) -> str:
+    """PRIVACY.md's section on what epsilon means for a stream (online algorithms)."""
+    eps = _num(plan.epsilon)
+    return (
+        "## What epsilon means on a stream\n\n"
+        f"- **Per stream sample.** Each label is randomised once, when its event arrives; each stream sample is a new "
+        f"individual, so every sample's label is epsilon = {eps}-DP (parallel composition over distinct samples) "
+        "however long the stream runs. There is no budget that runs out over time, and none that grows.\n"
+        "- **Post-processing.** The gradients sent to the feature parties, the head's updates and every reuse of a "
+        "label in later rounds (DLR's gradient window, SLR's window of the last l labels) are computed from the "
+        "randomised label only.\n"
+        "- **A replayed dataset is not a stream of individuals.** `secvfl train` replays the training split as a "
+        "stream: copies (deformed, for images) of the same source rows. The unit of privacy is then the stream sample: "
+        f"a source row drawn r times has its label released r times, r * {eps} for that row (r grows with the "
+        "number of samples; the average is the samples over the source rows). Events from live sources "
+        "(`RoundJoin`, `OnlineVFL.train_live`) are individuals.\n"
+        "- **The prequential error is not private.** The label party scores each prediction against the true label it "
+        "holds (its own data, locally); the error curve it writes (metrics.jsonl, summary.json, online_error.png) is "
+        "not covered by the guarantee. The training loss is computed from the randomised labels.\n"
+        "- **After a crash.** A resumed run replays the block it was interrupted in: the same stream samples, whose "
+        "labels are randomised again. With the secure generator that is a second release of those samples (the release "
+        "ledger counts it, 2 epsilon, and the resume is refused unless `--dp-accept-epsilon` allows it); with "
+        "`--dp-reproducible` on a CPU it redraws the same labels, no new release.\n"
+    )
+
+
 def inference_bound(epsilon: float, n_classes: int, delta: float = 0.0) -> float:
     """The most often any attacker can guess one training label right, from a uniform prior over the classes.
 
@@ -250,6 +308,8 @@ def privacy_markdown(plan: DPPlan, *, secure_rng: bool, seed: int | None = None,
     """``PRIVACY.md``: the statement, what an attacker can still infer, and the machine-readable parameters."""
     summary = privacy_summary(plan, secure_rng=secure_rng)
     infer = "\n" + inference_markdown(plan, kw.get("n_classes") or 2) if plan.protects == "labels" else ""
+    if plan.config.stream:
+        infer += "\n" + stream_markdown(plan)
     return (
         "# Privacy statement\n\n"
         + privacy_statement(plan, secure_rng=secure_rng, seed=seed, **kw)

@@ -135,7 +135,7 @@ class OnlineBench:
             split.append(timed(split_block, start))
             mono_t.append(timed(mono_block, start))
         bytes_per_round = (run.net.stats.bytes_total - bytes_before) / (args.repeats * args.rounds)
-        diff = max(float((a - b).abs().max()) for a, b in zip(
+        diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(
             [p for q in parties for p in q.params] + label.params, mono.params, strict=True))
         rate = {side: {k: args.rounds / statistics.median(t[i] for t in ts) for i, k in enumerate(("wall", "cpu"))}
                 for side, ts in (("split", split), ("mono", mono_t))}

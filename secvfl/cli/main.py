@@ -19,6 +19,7 @@ SUBCOMMANDS = [
     "secvfl.cli.privacy_sweep",
     "secvfl.cli.predict",
     "secvfl.cli.align",
+    "secvfl.cli.certs",
 ]
 
 

@@ -37,6 +37,7 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.experiments.saddle",
     "secvfl.bench.online",
     "secvfl.experiments.online",
+    "secvfl.experiments.online_ablation",
     "secvfl.experiments.vim",
     "secvfl.bench.vim",
 ]

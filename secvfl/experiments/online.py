@@ -92,23 +92,31 @@ def cell_name(algo: str, activation: str, stream: str) -> str:
 
 
 def run_cell(algo: str, activation: str, stream: str, seed: int, *, dataset: str, data_dir: str | None,
-             samples: int, block: int, lr: float, metric_window: int, run_dir: Path) -> dict[str, Any]:
-    """One cell, one seed: an ordinary training run (resumed when ``run_dir`` holds a checkpoint)."""
+             samples: int, block: int, lr: float, metric_window: int, run_dir: Path,
+             activation_spec: str | None = None, window: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One cell, one seed: an ordinary training run (resumed when ``run_dir`` holds a checkpoint).
+
+    ``activation_spec`` (e.g. ``random:0.25``) and ``window`` (``online_window``/``online_alpha``) replace the
+    main table's ACTIVATIONS[activation] and WINDOWS[algo] for the ablations (``secvfl reproduce online-ablation``).
+    """
     from secvfl.bench.common import fix_threads
     from secvfl.config import TrainConfig
     from secvfl.runner import run_training
 
     fix_threads(1)
     t0 = time.perf_counter()
-    options = {"stream": stream, "samples": block, "activation": ACTIVATIONS[activation], "online_lr": lr,
-               "metric_window": metric_window, **WINDOWS.get(algo, {})}
-    if (run_dir / "checkpoints" / "latest.json").is_file():
+    spec = activation_spec or ACTIVATIONS[activation]
+    options = {"stream": stream, "samples": block, "activation": spec, "online_lr": lr,
+               "metric_window": metric_window, **(WINDOWS.get(algo, {}) if window is None else window)}
+    cfg = TrainConfig(algo=algo, dataset=dataset, data_dir=data_dir, parties=4, seed=seed, device="cpu",
+                      threads=1, epochs=samples // block, options=options)
+    if run_dir.exists() and not _checkpointed_run_of(run_dir, cfg):
+        shutil.rmtree(run_dir)  # killed before its first checkpoint, or started with other settings: not this cell
+    if (run_dir / "summary.json").is_file():  # finished, but killed before its cell file was written
+        summary = json.loads((run_dir / "summary.json").read_text())
+    elif run_dir.exists():
         summary = run_training(TrainConfig(), resume=run_dir, progress=False, log=lambda *a, **k: None)
     else:
-        if run_dir.exists():  # a run killed before its first checkpoint: nothing to keep
-            shutil.rmtree(run_dir)
-        cfg = TrainConfig(algo=algo, dataset=dataset, data_dir=data_dir, parties=4, seed=seed, device="cpu",
-                          threads=1, epochs=samples // block, options=options)
         summary = run_training(cfg, run_dir, progress=False, log=lambda *a, **k: None)
     online = summary["online"]
     rates = online["activation_rate"]
@@ -119,7 +127,7 @@ def run_cell(algo: str, activation: str, stream: str, seed: int, *, dataset: str
         seen = end
         accumulated.append([end, wrong / end])
     return {
-        "algo": algo, "activation": activation, "activation_spec": ACTIVATIONS[activation], "stream": stream,
+        "algo": algo, "activation": activation, "activation_spec": spec, "stream": stream,
         "seed": seed, "samples": online["samples"], "accumulated_error": online["accumulated_error"],
         "payload_bytes": online["train_payload_bytes"], "wire_bytes": online["train_bytes"],
         "client_compute_seconds": online["client_compute_seconds_total"],
@@ -128,6 +136,22 @@ def run_cell(algo: str, activation: str, stream: str, seed: int, *, dataset: str
         "activation_rate_by_party": rates, "runtime_error": curve, "accumulated_error_curve": accumulated,
         "test": summary.get("metrics", {}).get("test", {}), "options": options, "wall_s": time.perf_counter() - t0,
     }
+
+
+def _checkpointed_run_of(run_dir: Path, cfg: Any) -> bool:
+    """Whether ``run_dir`` holds a checkpoint of a run of ``cfg`` (same algorithm, data, seed, length, options): only
+    such a run may be resumed as the cell (an earlier --samples or grid left others behind)."""
+    from secvfl.runner import read_run_config
+
+    if not (run_dir / "checkpoints" / "latest.json").is_file():
+        return False
+    try:
+        saved = read_run_config(run_dir)
+    except (ConfigError, OSError, ValueError):
+        return False
+    same = ("algo", "dataset", "parties", "seed", "epochs")
+    return all(getattr(saved, k) == getattr(cfg, k) for k in same) and \
+        all(saved.options.get(k) == v for k, v in cfg.options.items())
 
 
 def _mean_cells(cells: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -252,6 +276,7 @@ def plot_stream(cells: list[dict[str, Any]], stream: str, path: Path) -> None:
 
 def run_reproduction(*, out_dir: Path, dataset: str, data_dir: str | None, samples: int, block: int | None,
                      seeds: list[int], jobs: int, lr: float, metric_window: int | None, force: bool = False,
+                     algos: tuple[str, ...] = ALGOS, activations: tuple[str, ...] = tuple(ACTIVATIONS),
                      log=print) -> dict[str, Any]:  # noqa: ANN001
     if samples < 1:
         raise ConfigError(f"--samples must be at least 1, got {samples}")
@@ -263,6 +288,12 @@ def run_reproduction(*, out_dir: Path, dataset: str, data_dir: str | None, sampl
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
     if not seeds:
         raise ConfigError("--seeds needs at least one seed")
+    unknown = [a for a in algos if a not in ALGOS]
+    if unknown or not algos:
+        raise ConfigError(f"--algos {' '.join(unknown)}: choose from {', '.join(ALGOS)}")
+    unknown = [a for a in activations if a not in ACTIVATIONS]
+    if unknown or not activations:
+        raise ConfigError(f"--activations {' '.join(unknown)}: choose from {', '.join(ACTIVATIONS)}")
     # the paper averages every 20,000 samples; a shorter run gets about 20 points per curve
     metric_window = metric_window or min(20_000, max(1, samples // 20))
     settings = {"dataset": dataset, "samples": samples, "block": block, "lr": lr, "metric_window": metric_window}
@@ -276,8 +307,10 @@ def run_reproduction(*, out_dir: Path, dataset: str, data_dir: str | None, sampl
                     if f.is_file() and not force:
                         done = json.loads(f.read_text())
                         if done.get("settings") == settings:
-                            cells.append(done)
+                            cells.append(done)  # (also those of --algos not asked for now: the table is complete)
                             continue
+                    if algo not in algos or act not in activations:
+                        continue
                     if force and (out_dir / "runs" / stem).exists():
                         shutil.rmtree(out_dir / "runs" / stem)
                     todo.append((algo, act, stream, seed, f, out_dir / "runs" / stem))
@@ -347,6 +380,12 @@ class OnlineReproduction:
                        help="where results.json, table.md, the plots, cells/ and runs/ go "
                             "(default runs/reproduce-online)")
         p.add_argument("--force", action="store_true", help="rerun cells whose result file exists")
+        p.add_argument("--algos", nargs="+", default=list(ALGOS), metavar="ALGO",
+                       help=f"train only these algorithms' cells now ({', '.join(ALGOS)}); cells already in "
+                            f"--out-dir with the same settings still enter the table")
+        p.add_argument("--activations", nargs="+", default=list(ACTIVATIONS), metavar="ACTIVATION",
+                       help=f"train only these activations' cells now ({', '.join(ACTIVATIONS)}); e.g. one process "
+                            f"per activation to use more cores")
 
     def run(self, args: argparse.Namespace) -> dict:
         if not (args.lr > 0 and math.isfinite(args.lr)):
@@ -357,5 +396,6 @@ class OnlineReproduction:
         result = run_reproduction(out_dir=out_dir, dataset=args.dataset,
                                   data_dir=args.data_dir or os.environ.get("SECVFL_DATA_DIR"),
                                   samples=args.samples, block=args.block, seeds=list(args.seeds), jobs=args.jobs,
-                                  lr=args.lr, metric_window=args.metric_window, force=args.force)
+                                  lr=args.lr, metric_window=args.metric_window, force=args.force,
+                                  algos=tuple(args.algos), activations=tuple(args.activations))
         return {k: v for k, v in result.items() if k not in ("cells", "paper")}

@@ -53,6 +53,9 @@ class AlgorithmTraits:
     gradient_based: bool = True
     shares_labels: bool = False  # the label party sends labels to feature parties (e.g. `local`)
     labels_at_every_party: bool = False  # every party holds the labels (LASER-VFL): no party to hide them from
+    # The label party takes each training label from a stream as it arrives, one new sample per round (online
+    # algorithms): there is no fixed training set, so a label mechanism can only act on each label as it comes.
+    streamed_labels: bool = False
     # Each link carries the same quantity every round and the algorithm marks its messages itself (full-batch saddle
     # methods: meta "persistent", rows, eval), so layers need not tag the parties' messages for it.
     persistent_messages: bool = False

@@ -35,7 +35,8 @@ from secvfl.algorithms.online.parties import (
 )
 from secvfl.algorithms.online.streams import Feed, StreamReplay
 from secvfl.data import make_partition
-from secvfl.handles import PartyHandle
+from secvfl.handles import PartyHandle, local_party
+from secvfl.parties import ProtocolHooks
 from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
@@ -100,6 +101,10 @@ class OnlineVFL(Algorithm):
 
     def handles(self) -> dict[str, PartyHandle]:
         return {**{h.name: h for h in self.feature_handles}, LABEL_PARTY: self.label_handle}
+
+    def protocol_hooks(self) -> ProtocolHooks:
+        # no batch label party (no backward rule, no fixed training labels): each label comes from the stream
+        return ProtocolHooks(label_stream=local_party(self.label_handle))
 
     def batches_per_epoch(self) -> int:
         return self.opts.samples
@@ -231,7 +236,7 @@ class OGD(OnlineVFL):
     """Online gradient descent: each party steps on the round's own gradient."""
 
     name = "ogd"
-    traits = AlgorithmTraits("ogd", "concat")
+    traits = AlgorithmTraits("ogd", "concat", streamed_labels=True)
 
     @staticmethod
     def window_spec(opts: OnlineOptions) -> WindowSpec:
@@ -243,7 +248,7 @@ class SLR(OnlineVFL):
     """Static local regret: the mean loss of the last l samples at the current parameters."""
 
     name = "slr"
-    traits = AlgorithmTraits("slr", "concat")
+    traits = AlgorithmTraits("slr", "concat", streamed_labels=True)
 
     @staticmethod
     def window_spec(opts: OnlineOptions) -> WindowSpec:
@@ -255,7 +260,7 @@ class DLR(OnlineVFL):
     """Dynamic local regret (the paper's method): exponentially weighted window of past gradients."""
 
     name = "dlr"
-    traits = AlgorithmTraits("dlr", "concat")
+    traits = AlgorithmTraits("dlr", "concat", streamed_labels=True)
 
     @staticmethod
     def window_spec(opts: OnlineOptions) -> WindowSpec:

@@ -8,8 +8,10 @@ accumulates over an unbounded stream and a resumed run continues bit for bit. OG
 
 Per round nothing is allocated: the weights in ring order for each position of the newest entry are a table built
 once, a gradient given in parts (one tensor per parameter, as autograd returns them) is concatenated straight into
-its ring row, and ``average(out=...)`` writes into the caller's buffer (the online bench measures why: per-sample
-rounds make these small costs a large share).
+its ring row, a closed-form gradient is written into views of its ring row shaped like the parameters (built once
+per row: slicing a row every round costs about as much as writing a small layer's gradient), and
+``average(out=...)`` writes into the caller's buffer (the online bench measures why: per-sample rounds make these
+small costs a large share).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["GradientWindow", "window_weights"]
+__all__ = ["GradientWindow", "split_views", "window_weights"]
 
 
 def window_weights(length: int, alpha: float) -> list[float]:
@@ -28,11 +30,26 @@ def window_weights(length: int, alpha: float) -> list[float]:
     return [w / total for w in raw]
 
 
+def split_views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> tuple[torch.Tensor, ...]:
+    """Views of the flat vector ``flat`` shaped like consecutive parameters of ``shapes`` (their flat order)."""
+    views, offset = [], 0
+    for shape in shapes:
+        n = shape.numel()
+        views.append(flat[offset : offset + n].view(shape))
+        offset += n
+    if offset != flat.numel():
+        raise ValueError(f"parameters of {offset} values for a vector of {flat.numel()}")
+    return tuple(views)
+
+
 class GradientWindow:
-    def __init__(self, length: int, alpha: float, size: int, *, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, length: int, alpha: float, size: int, *, dtype: torch.dtype = torch.float32,
+                 shapes: Sequence[torch.Size] | None = None) -> None:
+        """``shapes``: the parameters' shapes in flat order, for :meth:`push_slot_parts`."""
         self.length = int(length)
         self.alpha = float(alpha)
         self._ring = torch.zeros(self.length, size, dtype=dtype)
+        self._row_parts = None if shapes is None else [split_views(row, shapes) for row in self._ring]
         self._newest = -1  # ring index of round t's entry
         weights = torch.tensor(window_weights(self.length, self.alpha), dtype=dtype)
         # row r: the weights in ring order when the newest entry sits at index r (round t-i at (r - i) mod l)
@@ -51,6 +68,13 @@ class GradientWindow:
         """Enqueue a gradient the caller writes into the returned ring row (flat, the window's size) at once."""
         self._newest = (self._newest + 1) % self.length
         return self._ring[self._newest]
+
+    def push_slot_parts(self) -> tuple[torch.Tensor, ...]:
+        """:meth:`push_slot`, as views of the new row shaped like the parameters (the window built with ``shapes``)."""
+        if self._row_parts is None:
+            raise ValueError("this window was built without the parameters' shapes")
+        self._newest = (self._newest + 1) % self.length
+        return self._row_parts[self._newest]
 
     def push_parts(self, parts: Sequence[torch.Tensor]) -> None:
         """Enqueue the gradient whose flat form is the concatenation of ``parts`` (written into the ring directly)."""

@@ -20,15 +20,14 @@ split by whether it was active.
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from secvfl.algorithms.online.activation import Activation
-from secvfl.algorithms.online.buffers import GradientWindow
+from secvfl.algorithms.online.buffers import GradientWindow, split_views
 from secvfl.algorithms.online.streams import Feed
 from secvfl.errors import MessageError
 from secvfl.messages import Message
@@ -54,19 +53,62 @@ def head_model(in_dim: int, hidden: int, n_out: int) -> nn.Module:
     return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
 
 
+def _is_layers(model: nn.Module, kinds: tuple[type, ...]) -> bool:
+    """``model`` is exactly these layers in sequence, each Linear with a bias, every parameter trained (so the
+    closed-form gradients below fill the flat parameter vector in its order)."""
+    return (type(model) is nn.Sequential and len(model) == len(kinds)
+            and all(type(m) is k for m, k in zip(model, kinds, strict=True))
+            and all(m.bias is not None for m in model if type(m) is nn.Linear)
+            and all(p.requires_grad for p in model.parameters()))
+
+
 def _is_linear_relu(model: nn.Module) -> bool:
-    return (type(model) is nn.Sequential and len(model) == 2 and type(model[0]) is nn.Linear
-            and type(model[1]) is nn.ReLU)
+    return _is_layers(model, (nn.Linear, nn.ReLU))
 
 
-def _linear_relu_grads(x: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, flat: torch.Tensor) -> None:
-    """Gradients of <grad, relu(x W^T + b)> in W and b, written into ``flat`` (W's then b's, the parameter order):
-    the operations autograd runs for these two layers (threshold_backward, then grad^T x and the row sum), without
-    starting the autograd engine."""
-    g = grad.masked_fill(out <= 0, 0.0)
-    n_weight = g.shape[1] * x.shape[1]
-    torch.mm(g.t(), x, out=flat[:n_weight].view(g.shape[1], x.shape[1]))
-    torch.sum(g, 0, out=flat[n_weight:])
+def _linear_relu_grads(x: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, weight_grad: torch.Tensor,
+                       bias_grad: torch.Tensor) -> torch.Tensor:
+    """Gradients of <grad, relu(x W^T + b)> in W and b, written into ``weight_grad`` and ``bias_grad``: the
+    operations autograd runs for these two layers (threshold_backward, then grad^T x and the row sum), without
+    starting the autograd engine. Returns the gradient before the ReLU (for the gradient in x: it times W)."""
+    g = torch.ops.aten.threshold_backward(grad, out, 0)  # autograd's ReLU backward; masked_fill takes ~6x longer
+    torch.mm(g.t(), x, out=weight_grad)
+    torch.sum(g, 0, out=bias_grad)
+    return g
+
+
+class RecentRows:
+    """The last ``length`` rows pushed, newest first, as one contiguous view (SLR's window of inputs or labels).
+
+    The rows live in a buffer of 2 l rows: each push writes one row above the window, which slides up by one; when
+    the window reaches the top, its newest l - 1 rows are copied back to the bottom half (once every l pushes). So
+    the window is a tensor every round without a stack, a list or a copy, in the row order the model sees (newest
+    first), which keeps the window's float sums those of a freshly stacked one."""
+
+    def __init__(self, length: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.length = int(length)
+        self._buffer = torch.zeros(2 * self.length, *row_shape, dtype=dtype)
+        self._start = 2 * self.length  # the window is buffer[start : start + count]
+        self._count = 0
+
+    def push(self) -> torch.Tensor:
+        """Make room for a new newest row (the oldest leaves a full window) and return it for the caller to write."""
+        if self._start == 0:
+            keep = min(self._count, self.length - 1)
+            self._buffer[self.length + 1 : self.length + 1 + keep].copy_(self._buffer[:keep])
+            self._start = self.length + 1
+        self._start -= 1
+        self._count = min(self._count + 1, self.length)
+        return self._buffer[self._start]
+
+    def window(self) -> torch.Tensor:
+        return self._buffer[self._start : self._start + self._count]
+
+    def clear(self) -> None:
+        self._start, self._count = 2 * self.length, 0
+
+    def __len__(self) -> int:
+        return self._count
 
 
 def _params(model: nn.Module) -> list[nn.Parameter]:
@@ -99,9 +141,14 @@ class _OnlineParty:
         self.dtype = dtype
         self.params = _params(model)
         self._flat = _flatten_parameters(self.params)
-        size = self._flat.numel()
-        self.window = GradientWindow(window.length, window.alpha, size, dtype=dtype) if window.kind == "window" else None
+        # the parameters' values for the closed forms: views of the flat buffer (so every step shows in them), outside
+        # autograd (so no graph is recorded, and no grad-mode switch is needed, when the layers run on them)
+        self._values = tuple(p.detach() for p in self.params)
+        size, shapes = self._flat.numel(), [p.shape for p in self.params]
+        self.window = (GradientWindow(window.length, window.alpha, size, dtype=dtype, shapes=shapes)
+                       if window.kind == "window" else None)
         self._direction = torch.empty(size, dtype=dtype)  # the step's direction, reused every round
+        self._direction_parts = split_views(self._direction, shapes)  # ... shaped like the parameters
 
     def __repr__(self) -> str:  # never print data or keys
         return f"{type(self).__name__}({self.name!r})"
@@ -120,8 +167,7 @@ class _OnlineParty:
         else:
             self._flat.add_(torch.cat([g.reshape(-1) for g in parts], out=self._direction), alpha=-self.lr)
 
-    @torch.no_grad()
-    def _step_window(self) -> None:
+    def _step_window(self) -> None:  # (no grad mode needed: the flat buffer and the window are outside autograd)
         self._flat.add_(self.window.average(out=self._direction), alpha=-self.lr)
 
 
@@ -134,13 +180,16 @@ class OnlineFeatureParty(_OnlineParty):
         self.model = model.to(dtype=dtype)
         super().__init__(name, feed, lr, window, self.model, dtype)
         self._in_dim, self._out_dim = self.model[0].in_features, self.model[0].out_features
-        # one sample through Linear -> ReLU (the paper's party model): the gradient in closed form. Starting the
-        # autograd engine costs several times this arithmetic, once per party per round (`secvfl bench online`).
-        self._closed_form = window.kind == "window" and _is_linear_relu(self.model)
+        # one sample (OGD/DLR) or the window's rows (SLR) through Linear -> ReLU (the paper's party model): the
+        # gradient in closed form. Starting the autograd engine costs several times this arithmetic, once per party
+        # per round (`secvfl bench online`).
+        self._closed_form = _is_linear_relu(self.model)
         self.activation = activation
         self._eval = {s: torch.as_tensor(b, dtype=dtype) for s, b in eval_blocks.items()}
         self._observed = {s: torch.as_tensor(m, dtype=dtype)[:, None] for s, m in (observed or {}).items()}
-        self._inputs: deque[tuple[np.ndarray | None]] = deque(maxlen=window.length)  # SLR: the window's inputs
+        # SLR: the window's inputs and whether the party held each (a row it did not hold is zeros, its flag 0)
+        self._inputs = RecentRows(window.length, (self._in_dim,), dtype)
+        self._held = RecentRows(window.length, (1,), dtype)
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self.seconds = {"active": 0.0, "passive": 0.0}
         self.rounds = {"active": 0, "passive": 0, "missing": 0}
@@ -152,19 +201,22 @@ class OnlineFeatureParty(_OnlineParty):
         entity, x = self.feed.take()
         missing = x is None
         self._active = active = (not missing) and self.activation.active(x)
-        dim = self._in_dim
         if self.spec.kind == "static":
-            self._inputs.appendleft((x,))
-            rows = [np.zeros(dim, np.float32) if v is None else v for (v,) in self._inputs]
-            held = torch.tensor([[0.0 if v is None else 1.0] for (v,) in self._inputs], dtype=self.dtype)
-            xs = torch.as_tensor(np.stack(rows), dtype=self.dtype)
-            with torch.set_grad_enabled(active):
-                out = self.model(xs) * held  # rows the party does not hold are zeros and get no gradient
+            self._remember(x)
+            xs, held = self._inputs.window(), self._held.window()
+            if self._closed_form:  # the layers' own operations, without the modules' call overhead
+                out = torch.relu(nn.functional.linear(xs, *self._values)).mul_(held)
+            else:
+                with torch.set_grad_enabled(active):
+                    out = self.model(xs) * held  # rows the party does not hold are zeros and get no gradient
         elif missing:  # zeros, as the windowed form would give; never active, so no graph
             xs, out = None, torch.zeros(1, self._out_dim, dtype=self.dtype)
+        elif self._closed_form:  # as above: the layers' operations, no module call, no graph
+            xs = torch.as_tensor(x[None], dtype=self.dtype)
+            out = torch.relu(nn.functional.linear(xs, *self._values))
         else:
             xs = torch.as_tensor(x[None], dtype=self.dtype)
-            with torch.set_grad_enabled(active and not self._closed_form):
+            with torch.set_grad_enabled(active):
                 out = self.model(xs)
         self._pending = (xs, out) if active else None
         key = "active" if active else "passive"
@@ -192,9 +244,12 @@ class OnlineFeatureParty(_OnlineParty):
         grad = message.tensor("gradient").to(dtype=out.dtype)
         if grad.shape != out.shape:
             raise PartyIsolationError(f"{self.name}: gradient of shape {tuple(grad.shape)} for output {tuple(out.shape)}")
-        if self._closed_form:  # straight into the window's new row, then the usual step
-            _linear_relu_grads(xs, out, grad, self.window.push_slot())
+        if self._closed_form and self.window is not None:  # straight into the window's new row, then the usual step
+            _linear_relu_grads(xs, out, grad, *self.window.push_slot_parts())
             self._step_window()
+        elif self._closed_form:  # SLR: the gradient of the window's rows is the step's direction
+            _linear_relu_grads(xs, out, grad, *self._direction_parts)
+            self._flat.add_(self._direction, alpha=-self.lr)
         else:
             self._apply(torch.autograd.grad(out, self.params, grad, allow_unused=True))
         self.seconds["active"] += time.perf_counter() - t0
@@ -211,7 +266,8 @@ class OnlineFeatureParty(_OnlineParty):
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "window": None if self.window is None else self.window.state_dict(),
                 "activation": self.activation.state_dict(), "rounds": dict(self.rounds),
-                "inputs": [None if v is None else torch.from_numpy(np.array(v)) for (v,) in self._inputs]}
+                "inputs": [x.clone() if h else None  # newest first; None: a round the party did not hold
+                           for x, h in zip(self._inputs.window(), self._held.window().flatten().tolist(), strict=True)]}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -220,7 +276,19 @@ class OnlineFeatureParty(_OnlineParty):
         self.activation.load_state_dict(state["activation"])
         self.rounds = dict(state["rounds"])  # compute seconds are measurements of this process, not state
         self._inputs.clear()
-        self._inputs.extend((None if v is None else v.numpy(),) for v in state["inputs"])
+        self._held.clear()
+        for v in reversed(state["inputs"]):  # oldest first, so that the newest ends first
+            self._remember(None if v is None else v.numpy())
+
+    def _remember(self, x: np.ndarray | None) -> None:
+        """Push this round's input (None: not held) into SLR's window."""
+        row, held = self._inputs.push(), self._held.push()
+        if x is None:
+            row.zero_()
+            held.zero_()
+        else:
+            row.numpy()[...] = x  # numpy's cast to the party's dtype, as the stacked window had
+            held.fill_(1.0)
 
 
 class OnlineLabelParty(_OnlineParty):
@@ -232,39 +300,112 @@ class OnlineLabelParty(_OnlineParty):
         super().__init__(name, feed, lr, window, self.head, dtype)
         self.n_classes = n_classes
         self._eval_labels = {s: np.asarray(v) for s, v in eval_labels.items()}
-        self._labels: deque[int] = deque(maxlen=window.length)  # SLR: labels of the window, newest first
+        self._labels = RecentRows(window.length, (), torch.int64)  # SLR: labels of the window, newest first
+        self._label = torch.zeros(1, dtype=torch.int64)  # OGD/DLR: the round's label, the objective's one target
+        # the paper's head (Linear -> ReLU -> Linear): the round's gradients in closed form (see
+        # _closed_form_round); any other head goes through autograd
+        self._closed_form = _is_layers(self.head, (nn.Linear, nn.ReLU, nn.Linear))
+        # d objective / d log-probability of a target: -1/l for SLR's mean over the window, -1 for OGD/DLR's mean
+        # over the round's one row; computed in the model's dtype, as autograd computes it
+        divisor = self.spec.length if window.kind == "static" else 1
+        self._target_grad = torch.ones((1, 1), dtype=dtype).div_(divisor).neg_()
+        self._label_transform: Callable[[int, int], int] | None = None
+
+    def install_label_transform(self, transform: Callable[[int, int], int]) -> None:
+        """A protocol's hook (label DP on a stream): the party trains on ``transform(entity, label)`` instead of each
+        label, called once per event as it is taken from the feed; it still scores its predictions against the label
+        it holds (its own, local measurement)."""
+        self._label_transform = transform
+
+    def _take_label(self) -> tuple[int, int, int]:
+        """The next event of the feed: (entity, the label to train on, the label as held, to score against)."""
+        entity, y = self.feed.take()
+        held = int(y)
+        return entity, held if self._label_transform is None else int(self._label_transform(entity, held)), held
 
     def train_round(self, step: int, inputs: Sequence[Message], senders: Sequence[str], active: Sequence[str]
                     ) -> tuple[float, bool, list[Message]]:
         """Score the round's prediction (before any update), step the head, and build one gradient message per
         active sender. Returns (loss of this round's sample, whether the prediction was right, gradients)."""
-        entity, y = self.feed.take()
+        entity, y, held = self._take_label()
         for m in inputs:
             require_wire(m, self.name)
             if m.meta.get("entity") != entity:
                 raise MessageError(f"{m.sender} sent an embedding of entity {m.meta.get('entity')} in the round of "
                                    f"entity {entity}; rounds are formed by entity id")
-        xs = [m.tensor("embedding").to(dtype=self.dtype).requires_grad_(True) for m in inputs]
+        xs = [m.tensor("embedding").to(dtype=self.dtype) for m in inputs]
         if not self.head.training:  # (a recursive call: not every round)
             self.head.train(True)
-        logits = self.head(torch.cat(xs, dim=1))
-        correct = bool(int(logits[0].argmax()) == int(y))  # prequential: scored before the update below
         if self.spec.kind == "static":
-            self._labels.appendleft(int(y))
-            targets = torch.tensor(list(self._labels))
-            losses = nn.functional.cross_entropy(logits, targets, reduction="none")
+            self._labels.push().fill_(int(y))
+        wanted = [s in active for s in senders]
+        if self._closed_form:
+            logits, loss, input_grads = self._closed_form_round(xs, int(y), wanted)
+        else:
+            logits, loss, input_grads = self._autograd_round(xs, int(y), wanted)
+        correct = bool(int(logits[0].argmax()) == held)  # prequential: the logits of the head before its step
+        out = [Message("gradient", self.name, s, step, {"gradient": g.detach()})
+               for s, g in zip([s for s in senders if s in active], input_grads, strict=True)]
+        return loss, correct, out
+
+    def _autograd_round(self, xs: list[torch.Tensor], y: int, wanted: list[bool]
+                        ) -> tuple[torch.Tensor, float, Sequence[torch.Tensor]]:
+        """Step the head on the round's objective (SLR: the window's); returns the logits (before the step), the
+        round's own loss, and the objective's gradients in the wanted inputs."""
+        xs = [x.requires_grad_(True) for x in xs]
+        logits = self.head(torch.cat(xs, dim=1))
+        if self.spec.kind == "static":
+            losses = nn.functional.cross_entropy(logits, self._labels.window(), reduction="none")
             objective = losses.sum() / self.spec.length
             loss = float(losses[0].detach())
         else:
-            objective = nn.functional.cross_entropy(logits, torch.tensor([int(y)]))
+            objective = nn.functional.cross_entropy(logits, torch.tensor([y]))
             loss = float(objective.detach())
         params = self.params
-        wanted = [x for x, s in zip(xs, senders, strict=True) if s in active]
-        grads = torch.autograd.grad(objective, [*params, *wanted], allow_unused=True)
+        grads = torch.autograd.grad(objective, [*params, *(x for x, w in zip(xs, wanted, strict=True) if w)],
+                                    allow_unused=True)
         self._apply(grads[: len(params)])
-        out = [Message("gradient", self.name, s, step, {"gradient": g.detach()})
-               for s, g in zip([s for s in senders if s in active], grads[len(params):], strict=True)]
-        return loss, correct, out
+        return logits.detach(), loss, grads[len(params):]
+
+    def _closed_form_round(self, xs: list[torch.Tensor], y: int, wanted: list[bool]
+                           ) -> tuple[torch.Tensor, float, list[torch.Tensor]]:
+        """:meth:`_autograd_round` for a Linear -> ReLU -> Linear head, without the autograd engine: the same
+        operations autograd runs for the round's objective (SLR: (1/l) sum of the window's cross-entropies; OGD/DLR:
+        the cross-entropy of the round's one row, mean reduction), in the same order (log-softmax and NLL, then their
+        backward, then each layer's), so the results are autograd's to the bit (the tests compare). Starting the
+        engine costs more than this arithmetic at OGD/DLR's one row (`secvfl bench online`). Every tensor here is
+        outside autograd (the parameters' values, the decoded embeddings), so no graph is recorded."""
+        first_weight, first_bias, last_weight, last_bias = self._values
+        z = torch.cat(xs, dim=1)
+        hidden = torch.relu(nn.functional.linear(z, first_weight, first_bias))  # the modules' operations
+        logits = nn.functional.linear(hidden, last_weight, last_bias)
+        log_probs = torch.log_softmax(logits, 1)
+        if self.window is None:  # SLR: the window's labels; the step's direction in the reused buffer
+            targets, grads = self._labels.window(), self._direction_parts
+        else:  # OGD/DLR: the round's label; the gradient straight into the window's new row
+            targets, grads = self._label.fill_(y), self.window.push_slot_parts()
+        # = cross_entropy(logits, targets); a mean over one row is that row's loss, bit for bit
+        losses = nn.functional.nll_loss(log_probs, targets, reduction="none")
+        grad_log_probs = torch.zeros_like(log_probs).scatter_(1, targets[:, None],
+                                                              self._target_grad.expand(len(targets), 1))
+        grad_logits = torch.ops.aten._log_softmax_backward_data(grad_log_probs, log_probs, 1, log_probs.dtype)
+        torch.mm(grad_logits.t(), hidden, out=grads[2])
+        torch.sum(grad_logits, 0, out=grads[3])
+        grad_hidden = torch.mm(grad_logits, last_weight)
+        grad_pre = _linear_relu_grads(z, hidden, grad_hidden, grads[0], grads[1])
+        input_grads = []
+        if any(wanted):  # (before the step: the gradient at the parameters that made the logits)
+            grad_z = torch.mm(grad_pre, first_weight)
+            offset = 0
+            for x, w in zip(xs, wanted, strict=True):
+                if w:
+                    input_grads.append(grad_z.narrow(1, offset, x.shape[1]))
+                offset += x.shape[1]
+        if self.window is None:
+            self._flat.add_(self._direction, alpha=-self.lr)
+        else:
+            self._step_window()
+        return logits, float(losses[0]), input_grads
 
     @torch.no_grad()
     def predict(self, inputs: Sequence[Message]) -> torch.Tensor:
@@ -277,11 +418,12 @@ class OnlineLabelParty(_OnlineParty):
 
     def state_dict(self) -> dict:
         return {"head": self.head.state_dict(), "window": None if self.window is None else self.window.state_dict(),
-                "labels": list(self._labels)}
+                "labels": self._labels.window().tolist()}  # newest first
 
     def load_state_dict(self, state: dict) -> None:
         self.head.load_state_dict(state["head"])
         if self.window is not None:
             self.window.load_state_dict(state["window"])
         self._labels.clear()
-        self._labels.extend(int(v) for v in state["labels"])
+        for v in reversed(state["labels"]):  # oldest first, so that the newest ends first
+            self._labels.push().fill_(int(v))

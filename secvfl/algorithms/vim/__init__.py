@@ -17,9 +17,16 @@ weight decay. Losses are batch means.
 Modules: ``options`` (the ``--vim-*`` flags), ``model`` (the heads), ``zsolve`` (the batched z-update), ``parties``
 and ``handles`` (the ADMM parties and the requests the coordinator makes of them), ``base`` (what the three share).
 
-Defaults (paper, Table 1, MNIST): ``--vim-lr`` 0.3 (vimsgd) / 0.01 (vimadmm, vimadmm-j; the paper's 0.05 diverges here), ``--vim-rho`` 2 (vimadmm) /
-0.5 (vimadmm-j), ``--vim-local-steps`` 20, ``--vim-momentum`` 0.9 (parties' SGD; the label party's SGD has none),
-``--vim-beta`` 0.005. ``--lr``, ``--optimizer`` and ``--weight-decay`` do not apply (refused). The batch size stays
+Defaults (paper, Table 1, MNIST): ``--vim-lr`` 0.3 (vimsgd) / 0.01 (vimadmm, vimadmm-j; the paper's 0.05 diverges
+here), ``--vim-rho`` 2 (vimadmm) / 0.5 (vimadmm-j), ``--vim-local-steps`` 20, ``--vim-momentum`` 0.9 (parties' SGD;
+the label party's SGD has none), ``--vim-beta`` 0.005, ``--vim-prox`` 0.
+
+Stability of the ADMM methods. All M parties close the same gap ``z - sum o`` in parallel, so their sum can overshoot
+it up to M times (parallel multi-block ADMM); with many parties and a step size large enough to train in a few epochs
+vimadmm diverges. ``--vim-prox C`` adds the proximal Jacobian term ``gamma/2 ||o^k - o^k_0||^2``, gamma = C (M - 1)
+rho, to each party's local objective (Deng et al. 2017), and the local steps restart their momentum when their
+objective rises and halve the step when it more than doubles (:class:`.parties.ADMMFeatureParty`). ``secvfl
+reproduce vim`` (14 parties) uses C = 0.3 for vimadmm; BENCHMARKS.md "Stabilising VIMADMM" has the measurements. ``--lr``, ``--optimizer`` and ``--weight-decay`` do not apply (refused). The batch size stays
 the CLI's (``--batch-size``, 64); the paper uses 1024 (``--batch-size 1024``).
 
 State. The label party keeps one dual ``lambda_j`` (``d_c`` values) per training row, checkpointed with it (``z_j`` is

@@ -42,7 +42,8 @@ class VIMADMMJoint(VIMAlgorithm):
         model = local_model(bottom, self.d_f, self.d_c)
         party = ADMMFeatureParty(name, blocks, model, party_sgd(model[BOTTOM].parameters(), o, self.lr),
                                  head_optimizer=party_sgd(model[HEAD].parameters(), o, self.lr),
-                                 rho=o.rho_for(self.name), local_steps=o.vim_local_steps, joint=True, algo=self.name,
+                                 rho=o.rho_for(self.name), local_steps=o.vim_local_steps,
+                                 prox=o.prox_for(self.name, self.ctx.partition.n_blocks), joint=True, algo=self.name,
                                  device=ctx.device, dtype=ctx.dtype, observed=observed)
         return ADMMFeatureHandle(party, self.net)
 

@@ -41,6 +41,11 @@ class VIMOptions(Options):
     vim_local_steps: int = option(
         20, "vimadmm/vimadmm-j: local SGD steps tau a party takes on each batch per round",
         check=(lambda v: 1 <= v <= 1000, "an integer in [1, 1000]"), algos=ADMM_ALGOS)
+    vim_prox: float = option(
+        0.0, "vimadmm/vimadmm-j: proximal weight C of the parties' local steps: each adds gamma/2 ||o - o_0||^2, "
+             "gamma = C (M - 1) rho, to eq. 10/19/20 so that M parties closing the same gap in parallel do not "
+             "overshoot it (proximal Jacobian ADMM; 0: the paper's objective)", metavar="C",
+        check=(lambda v: 0 <= v <= 100, "in [0, 100]"), algos=ADMM_ALGOS)
     vim_momentum: float = option(
         0.9, "vim*: momentum of the parties' SGD", check=(lambda v: 0 <= v < 1, "in [0, 1)"))
     vim_beta: float = option(
@@ -68,3 +73,7 @@ class VIMOptions(Options):
 
     def rho_for(self, algo: str) -> float:
         return self.vim_rho if self.vim_rho is not None else DEFAULT_RHO[algo]
+
+    def prox_for(self, algo: str, parties: int) -> float:
+        """gamma = C (M - 1) rho for M parties."""
+        return self.vim_prox * max(parties - 1, 0) * self.rho_for(algo)

@@ -12,6 +12,7 @@ model no gradient in any local step, and its head ``W_k`` none at the label part
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -49,24 +50,69 @@ _NO_BACKWARD_RULE = (
 )
 
 
-def admm_objective(out: torch.Tensor, lam: torch.Tensor, residual: torch.Tensor, rho: float) -> torch.Tensor:
-    """Eq. 10/19/20 without the regulariser (weight decay): ``lam^T o + rho/2 ||s - o||^2``, averaged over the batch."""
+def admm_objective(out: torch.Tensor, lam: torch.Tensor, residual: torch.Tensor, rho: float, *,
+                   anchor: torch.Tensor | None = None, prox: float = 0.0) -> torch.Tensor:
+    """Eq. 10/19/20 without the regulariser (weight decay): ``lam^T o + rho/2 ||s - o||^2``, averaged over the batch;
+    with ``prox`` > 0 also ``prox/2 ||o - anchor||^2`` (the proximal Jacobian term, see :class:`ADMMFeatureParty`)."""
     n = max(out.shape[0], 1)
-    return ((lam * out).sum() + 0.5 * rho * ((residual - out) ** 2).sum()) / n
+    value = (lam * out).sum() + 0.5 * rho * ((residual - out) ** 2).sum()
+    if prox > 0 and anchor is not None:
+        value = value + 0.5 * prox * ((out - anchor) ** 2).sum()
+    return value / n
+
+
+class _LocalSteps:
+    """The parties' local SGD-with-momentum steps, safeguarded by adaptive restart (O'Donoghue and Candes, 2015):
+    when the local objective rises from one step to the next, the momentum is reset and the step size halved for the
+    rest of the round (restored after it). On a round whose objective only falls it is plain SGD with momentum, the
+    paper's local solver; it stops the tau steps from blowing up a party's parameters when the step size is too large
+    for the curvature of its objective (rho ||W_k||^2 times that of its bottom model)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.lrs = [g["lr"] for g in optimizer.param_groups]
+        self.previous = math.inf
+        self.restarts = 0
+
+    def step(self, value: float) -> None:
+        if value > self.previous:
+            self.restarts += 1
+            blow_up = value - self.previous > abs(self.previous)  # not momentum's ripple: the step is too large
+            for group in self.optimizer.param_groups:
+                if blow_up:
+                    group["lr"] *= 0.5
+                for p in group["params"]:
+                    buffer = self.optimizer.state.get(p, {}).get("momentum_buffer")
+                    if buffer is not None:
+                        buffer.zero_()
+        self.previous = value
+        self.optimizer.step()
+
+    def restore(self) -> None:
+        for group, lr in zip(self.optimizer.param_groups, self.lrs, strict=True):
+            group["lr"] = lr
 
 
 class ADMMFeatureParty(NoisyFeatureParty):
     """A feature party of VIMADMM (``joint=False``: sends embeddings ``h^k``) or VIMADMM-J (``joint=True``: its model
-    is ``Sequential(bottom, head)`` and it sends logits ``o^k``; ``head_optimizer`` steps its head)."""
+    is ``Sequential(bottom, head)`` and it sends logits ``o^k``; ``head_optimizer`` steps its head).
+
+    ``prox`` (gamma >= 0) adds ``gamma/2 ||o^k - o^k_0||^2`` to the local objective, ``o^k_0`` being the party's output
+    when the round began: the proximal Jacobian ADMM of Deng, Lai, Peng and Yin (J. Sci. Comput. 2017). Without it
+    all M parties close the same gap ``z - sum_i o^i`` in parallel, so their sum overshoots it up to M times, and
+    enough local progress per round (tau momentum steps at a large step size) makes the rounds diverge; with gamma =
+    (M - 1) rho a party that solves its objective exactly moves 1/M of the gap. gamma = 0 is the paper's eq. 10/19/20.
+    """
 
     def __init__(self, name: str, blocks: dict[str, np.ndarray], model: nn.Module, optimizer: torch.optim.Optimizer,
                  *, rho: float, local_steps: int, joint: bool, algo: str,
-                 head_optimizer: torch.optim.Optimizer | None = None, device: torch.device,
+                 head_optimizer: torch.optim.Optimizer | None = None, prox: float = 0.0, device: torch.device,
                  dtype: torch.dtype = torch.float32, observed: dict[str, np.ndarray] | None = None) -> None:
         super().__init__(name, blocks, model, optimizer, device=device, dtype=dtype,
                          output_kind="logits" if joint else "embedding", observed=observed)
         self.rho, self.local_steps, self.joint, self.algo = rho, local_steps, joint, algo
         self.head_optimizer = head_optimizer
+        self.prox = float(prox)
 
     def install_release_rule(self, make: Callable[[nn.Module], ReleaseRule]) -> None:
         raise UnsupportedError(_NO_FEATURE_DP.format(algo=self.algo))
@@ -100,24 +146,35 @@ class ADMMFeatureParty(NoisyFeatureParty):
         def held_rows(o: torch.Tensor) -> torch.Tensor:
             return o if held is None else o * held
 
-        for _ in range(self.local_steps):
-            if self.joint:
-                assert self.head_optimizer is not None
-                bottom, own_head = self.model[BOTTOM], self.model[HEAD]
-                with torch.no_grad():
-                    h = bottom(x)
-                self.head_optimizer.zero_grad(set_to_none=True)  # eq. 19: W_k with the bottom model fixed
-                admm_objective(held_rows(own_head(h)), lam, residual, self.rho).backward()
-                self.head_optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)  # eq. 20: the bottom model with the new W_k
-                admm_objective(held_rows(own_head(bottom(x))), lam, residual, self.rho).backward()
-                for p in own_head.parameters():
-                    p.grad = None  # (the head took its step above)
-                self.optimizer.step()
-            else:
-                self.optimizer.zero_grad(set_to_none=True)
-                admm_objective(held_rows(self.model(x)) @ weight, lam, residual, self.rho).backward()
-                self.optimizer.step()
+        with torch.no_grad():  # the output when the round began: the proximal term's anchor
+            anchor = held_rows(out.detach()) if self.joint else held_rows(out.detach()) @ weight
+
+        def objective(o: torch.Tensor) -> torch.Tensor:
+            return admm_objective(o, lam, residual, self.rho, anchor=anchor, prox=self.prox)
+
+        steps = _LocalSteps(self.optimizer)
+        try:
+            for _ in range(self.local_steps):
+                if self.joint:
+                    assert self.head_optimizer is not None
+                    bottom, own_head = self.model[BOTTOM], self.model[HEAD]
+                    with torch.no_grad():
+                        h = bottom(x)
+                    self.head_optimizer.zero_grad(set_to_none=True)  # eq. 19: W_k with the bottom model fixed
+                    objective(held_rows(own_head(h))).backward()
+                    self.head_optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)  # eq. 20: the bottom model with the new W_k
+                    value = objective(held_rows(own_head(bottom(x))))
+                    value.backward()
+                    for p in own_head.parameters():
+                        p.grad = None  # (the head took its step above)
+                else:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    value = objective(held_rows(self.model(x)) @ weight)
+                    value.backward()
+                steps.step(float(value.detach()))
+        finally:
+            steps.restore()
 
     def state_dict(self) -> dict:
         state = super().state_dict()

@@ -39,7 +39,8 @@ class VIMADMM(VIMAlgorithm):
                    observed: dict[str, np.ndarray]) -> FeatureHandle:
         ctx, o = self.ctx, self.options
         party = ADMMFeatureParty(name, blocks, bottom, party_sgd(bottom.parameters(), o, self.lr),
-                                 rho=o.rho_for(self.name), local_steps=o.vim_local_steps, joint=False, algo=self.name,
+                                 rho=o.rho_for(self.name), local_steps=o.vim_local_steps,
+                                 prox=o.prox_for(self.name, self.ctx.partition.n_blocks), joint=False, algo=self.name,
                                  device=ctx.device, dtype=ctx.dtype, observed=observed)
         return ADMMFeatureHandle(party, self.net)
 

@@ -11,8 +11,11 @@ takes its own step and step length, in one batched tensor computation: no Python
 those of :func:`secvfl.parties.task_loss` per sample: softmax cross-entropy on ``C`` logits (its Hessian
 ``diag(p) - p p^T``), or for a binary task the logistic loss on one logit (Hessian ``sigma (1 - sigma)``).
 
-Tolerance: it stops when every sample's gradient has max-norm at most ``tol`` (default 1e-9, in float64); strong
-convexity with modulus ``rho`` then bounds the distance to the exact minimiser by ``sqrt(C) tol / rho``.
+Tolerance: it stops when every sample's gradient has max-norm at most ``tol * scale`` (default tol 1e-9, in
+float64), ``scale = max(1, max |lam|, rho max |v|)``: the gradient is a difference of terms of that size, so float64
+rounding alone leaves ~1e-16 scale of it (scale is 1 for healthy logits and duals: then strong convexity with modulus
+``rho`` bounds the distance to the exact minimiser by ``sqrt(C) tol / rho``). If it is not reached, the inputs hold
+non-finite values or values so large that the run has diverged, and it says so.
 ``tests/test_vim_zsolve.py`` compares it with scipy's L-BFGS-B run sample by sample.
 """
 
@@ -20,13 +23,15 @@ from __future__ import annotations
 
 import torch
 
-from secvfl.errors import ConfigError
+from secvfl.errors import ConfigError, TrainingDiverged
 
 __all__ = ["solve_z", "z_objective", "MAX_NEWTON_STEPS"]
 
 MAX_NEWTON_STEPS = 50
 _MAX_HALVINGS = 30
 _ARMIJO = 1e-4
+_DIVERGED = ("training diverged: the parties' outputs or the duals reached {what}; lower --vim-lr or raise "
+             "--vim-prox (the parties' local steps overshoot)")
 
 
 def _loss(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -71,9 +76,14 @@ def solve_z(v: torch.Tensor, lam: torch.Tensor, y: torch.Tensor, rho: float, *, 
     v64, lam64 = v.detach().to(torch.float64), lam.detach().to(torch.float64)
     y = y.to(device=v.device, dtype=torch.long)
     z = v64.clone()
+    if v64.numel() == 0:
+        return z.to(dtype), 0
+    if not (bool(torch.isfinite(v64).all()) and bool(torch.isfinite(lam64).all())):
+        raise TrainingDiverged(_DIVERGED.format(what="non-finite values"))
+    scale = max(1.0, float(lam64.abs().max()), rho * float(v64.abs().max()))
     for step in range(max_steps + 1):
         grad, hess = _gradient_and_hessian(z, v64, lam64, y, rho)
-        if v64.numel() == 0 or float(grad.abs().max()) <= tol:
+        if float(grad.abs().max()) <= tol * scale:
             return z.to(dtype), step
         if step == max_steps:
             break
@@ -90,5 +100,5 @@ def solve_z(v: torch.Tensor, lam: torch.Tensor, y: torch.Tensor, rho: float, *, 
                 break
             t = torch.where(short, t / 2, t)
         z = z + t[:, None] * direction
-    raise ConfigError(f"the z-update did not reach its tolerance {tol:g} in {max_steps} Newton steps (largest gradient "
-                      f"{float(grad.abs().max()):.3g}); the embeddings or duals hold non-finite values: lower --vim-lr")
+    raise TrainingDiverged(_DIVERGED.format(what=f"values of size {scale:.3g}") + f" (the z-update's largest gradient "
+                      f"after {max_steps} Newton steps: {float(grad.abs().max()):.3g}, tolerance {tol * scale:.3g})")
