@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 from scipy.special import expit, logsumexp
 
-from secvfl.algorithms.vim.zsolve import solve_z, z_objective
-from secvfl.errors import ConfigError, TrainingDiverged
+from secvfl.algorithms.vim.zsolve import solve_z
+from secvfl.errors import TrainingDiverged
 
 
 def _scipy_z(v: np.ndarray, lam: np.ndarray, y: int, rho: float) -> np.ndarray:
