@@ -135,6 +135,10 @@ def save_checkpoint(run_dir: Path, epoch: int, run: Run, history: list[dict], wa
 
 
 # -- loading ------------------------------------------------------------------------------------------------------
+# run.json's fields before checksums were written; a run.json without a checksum may hold only these
+_LEGACY_FIELDS = frozenset({"epoch", "step", "history", "wall_seconds", "extra", "files"})
+
+
 class _Damaged(Exception):
     def __init__(self, path: Path, why: str) -> None:
         super().__init__(why)
@@ -151,8 +155,11 @@ def _read_meta(target: Path) -> dict[str, Any]:
         raise _Damaged(meta_path, "missing") from None
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         raise _Damaged(meta_path, "not a valid run.json") from None
-    if "checksum" in meta and meta.pop("checksum") != _checksum(meta):  # older checkpoints have none
-        raise _Damaged(meta_path, "corrupt: its content does not match its checksum")
+    if "checksum" in meta:
+        if meta.pop("checksum") != _checksum(meta):
+            raise _Damaged(meta_path, "corrupt: its content does not match its checksum")
+    elif set(meta) - _LEGACY_FIELDS:  # older checkpoints have no checksum, but only these fields: a renamed field
+        raise _Damaged(meta_path, "corrupt: its checksum field is missing")  # (one damaged byte) is not one of them
     for name, digest in meta.get("files", {}).items():
         path = target / name
         try:

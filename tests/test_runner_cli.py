@@ -261,6 +261,19 @@ def test_a_damaged_byte_anywhere_in_the_latest_checkpoint_is_refused_or_harmless
             assert victim.suffix == ".json" and json.loads(victim.read_text()) == json.loads(original)
 
 
+def test_a_damaged_byte_in_the_checksum_field_name_is_refused(two_epoch_run):
+    """One flipped byte turning run.json's "checksum" key into "bhecksum" left a checkpoint without a checksum, which
+    was accepted as an older one (found by the property test above)."""
+    run_dir, run = two_epoch_run
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "r"
+        shutil.copytree(run_dir / "checkpoints", copy / "checkpoints")
+        meta_path = copy / "checkpoints/epoch-0002/run.json"
+        meta_path.write_text(meta_path.read_text().replace('"checksum"', '"bhecksum"'))
+        with pytest.raises(ConfigError, match="damaged"):
+            load_checkpoint(copy, run)
+
+
 def test_resume_without_a_checkpoint_says_how_to_start_afresh(tmp_path, capsys):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
