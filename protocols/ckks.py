@@ -274,7 +274,7 @@ class CKKSParams:
 
     @classmethod
     def parse(cls, spec: str | None) -> CKKSParams:
-        """Parameters from ``--ckks-params``: a preset name (``default``, ``compact``) or ``N:b1,b2,...:scale_bits``,
+        """Parameters from ``--ckks-params``: a preset name (``default``, ``compact``, ``small``) or ``N:b1,b2,...:scale_bits``,
         e.g. ``8192:60,40,40,60:40``."""
         if spec is None or not spec.strip():
             return cls()
@@ -341,6 +341,12 @@ PRESETS: dict[str, CKKSParams] = {
     # Addition only needs one data prime. Ciphertexts are the default's (both are sent under the 60-bit prime);
     # the public context is half the size and key generation cheaper.
     "compact": CKKSParams(8192, (60, 60), 40),
+    # Half the ring: N = 4096 allows 109 bits at 128-bit security, the same 60-bit wire prime plus a 49-bit special
+    # prime. A ciphertext carries 4096 floats in half the bytes (about 66 kB instead of 131 kB), so a step whose
+    # message has at most 4096 floats (vafl's default batch of 64 x 16) costs each party half the bytes and
+    # encryption time; for larger messages the bytes per float are the default's (4x float32) within 4 %. Same sum
+    # headroom (2^18), half the error bound (the noise grows with N).
+    "small": CKKSParams(4096, (60, 49), 40),
 }
 
 
@@ -535,6 +541,7 @@ class CKKSAggregation(SecureSumAggregation):
         self._workers: _EncryptionWorkers | None = None
         self.topology: Topology | None = None
         self._contexts: dict[str, ts.Context] = {}
+        self._handed_out: set[str] = set()
         self._ciphers: dict[str, CKKSCipher] = {}
         self._released: dict[tuple[Any, ...], _Release] = {}
         self.sums_delivered = 0
@@ -575,6 +582,7 @@ class CKKSAggregation(SecureSumAggregation):
             )
         self.topology = topology
         self._contexts = {}
+        self._handed_out = set()
         self._ciphers = {}
         self._released = {}
         self.close()
@@ -598,7 +606,8 @@ class CKKSAggregation(SecureSumAggregation):
                           "is not checked); the aggregator and the label party do not collude"),
                 "encryption_workers": self.workers,
                 "sums_delivered": self.sums_delivered,
-                "ciphertexts_added": self.ciphertexts_added,
+                # the label party in its own process does not see the aggregator's additions
+                "ciphertexts_added": self.ciphertexts_added if not self._handed_out else "in the aggregator's process",
             }
         )
         return out
@@ -648,7 +657,9 @@ class CKKSAggregation(SecureSumAggregation):
         public = ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
         bare = ctx.serialize(save_public_key=False, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
         meta = {"params": self.params.to_dict()}
-        net.send(*[Message(CONTEXT_KIND, label, p, step, blobs={"context": bare if p == aggregator else public}, meta=meta)
+        # step 0: key material belongs to no training step (and a label party in another process sends it before it
+        # knows the round's step, see collect)
+        net.send(*[Message(CONTEXT_KIND, label, p, 0, blobs={"context": bare if p == aggregator else public}, meta=meta)
                    for p in missing])
         for p in missing:
             msg = net.receive(p, kind=CONTEXT_KIND, sender=label)
@@ -864,6 +875,82 @@ class CKKSAggregation(SecureSumAggregation):
         self.sums_delivered += 1
         return self._result(first, receiver, tensors, op, len(messages), summed.wire_size)
 
+    # -- parties in separate processes (secvfl.deploy) ------------------------------------------------------
+    # Each role runs in its own process with the same messages as above: the label party sends each party that has
+    # none yet its context (on its first sum), a feature party waits for its context before its first encryption,
+    # encrypts and sends to the aggregator; the aggregator's process hands every message it gets to relay(), which
+    # installs its context or, on a round's first ciphertext, collects the others (the round's parties are in its
+    # meta), adds them and sends the sum to the label party, which decrypts it in collect().
+    across_processes: ClassVar[bool] = True
+
+    def _aggregator(self) -> str:
+        return self.topology.parties(Role.AGGREGATOR)[0]  # type: ignore[union-attr]
+
+    def _await_context(self, net: Network, party: str) -> None:
+        if party not in self._contexts:
+            msg = net.receive(party, kind=CONTEXT_KIND, sender=self._key_holder())
+            self._install(party, msg, needs_public_key=party != self._aggregator())
+
+    def send_share(self, net: Network, message: Message, senders: Sequence[str]) -> None:
+        if self.workers:
+            raise UnsupportedError("--ckks-workers applies in one process; each party process encrypts its own")
+        self._check_contributors([message.sender])
+        self._await_context(net, message.sender)
+        net.send(self.encrypt_message(message, self._aggregator(), senders))
+
+    def relay(self, net: Network, message: Message) -> None:
+        """The aggregator's process: ``message`` is its context, or the first ciphertext of a round."""
+        aggregator = self._aggregator()
+        if message.kind == CONTEXT_KIND:
+            self._install(aggregator, message, needs_public_key=False)
+            return
+        if message.kind != CIPHERTEXT_KIND:
+            raise ProtocolError(f"the CKKS aggregator got a {message.kind} message from {message.sender}")
+        self._await_context(net, aggregator)
+        parties = message.meta.get("parties")
+        if not isinstance(parties, list) or message.sender not in parties:
+            raise ProtocolError(f"{message.sender}'s ciphertexts do not name the round's parties")
+        self._check_contributors(parties)
+        got = {message.sender: message}
+        for s in parties:
+            if s not in got:
+                got[s] = net.receive(aggregator, kind=CIPHERTEXT_KIND, sender=s)
+        net.send(self.add_messages(aggregator, [got[s] for s in parties], self._key_holder()))
+
+    def collect(self, net: Network, receiver: str, kind: str, senders: Sequence[str], op: str) -> Message:
+        if op not in ("sum", "mean"):
+            raise UnsupportedError(f"aggregation op must be 'sum' or 'mean', got {op!r}")
+        self._check_receiver(net, receiver)
+        senders = list(senders)
+        if len(senders) < 2:
+            raise UnsupportedError(f"{self.subject} needs at least 2 parties (got {senders}): {self.one_party_sum}")
+        self._check_contributors(senders)
+        aggregator = self._aggregator()
+        label = self._key_holder()
+        ctx = self._contexts.get(label) or self._keygen(label)
+        missing = [p for p in [*senders, aggregator] if p not in self._contexts and p not in self._handed_out]
+        if missing:  # the same context messages as _distribute sends in one process
+            public = ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
+                                   save_relin_keys=False)
+            bare = ctx.serialize(save_public_key=False, save_secret_key=False, save_galois_keys=False,
+                                 save_relin_keys=False)
+            meta = {"params": self.params.to_dict()}
+            net.send(*[Message(CONTEXT_KIND, label, p, 0, blobs={"context": bare if p == aggregator else public},
+                               meta=meta) for p in missing])
+            self._handed_out.update(missing)  # parties in other processes: their copies are theirs
+        summed = net.receive(receiver, kind=SUM_KIND, sender=aggregator)
+        if summed.meta.get("count") != len(senders) or summed.meta.get("parties") != sorted(senders) \
+                or summed.meta.get("of") != kind:
+            raise ProtocolError(f"{aggregator} delivered a {summed.meta.get('of')} sum over "
+                                f"{summed.meta.get('parties')}, expected {kind} over {sorted(senders)}")
+        layout = _layout_from_meta(summed.meta.get("layout"), aggregator)
+        release = self._check_disclosure(receiver, kind, summed.step, layout, senders)
+        tensors = self.decrypt(receiver, summed, divide_by=len(senders) if op == "mean" else 1)
+        self._released[release[0]] = release[1]
+        self.sums_delivered += 1
+        template = Message(kind, aggregator, receiver, summed.step)
+        return self._result(template, receiver, tensors, op, len(senders), summed.wire_size)
+
 
 @dataclass(frozen=True)
 class CKKSOptions(Options):
@@ -876,8 +963,10 @@ class CKKSOptions(Options):
            "(a few seconds) once per run", metavar="N", check=(lambda n: n >= 0, "a non-negative integer"))
     ckks_params: str = option(
         "default", "CKKS parameters: default (8192:60,40,40,60:40), compact (8192:60,60:40: smaller public key, same "
-                   "ciphertexts: both are sent under the first prime only, which addition needs) or "
-                   "N:PRIME_BITS:SCALE_BITS; checked for 128-bit security and precision", metavar="SPEC")
+                   "ciphertexts: both are sent under the first prime only, which addition needs), small "
+                   "(4096:60,49:40: half the bytes per step when a party's message has at most 4096 floats, e.g. "
+                   "batches of 64 x 16) or N:PRIME_BITS:SCALE_BITS; checked for 128-bit security and precision",
+        metavar="SPEC")
 
 
 class CKKSPlugin(ProtocolPlugin):

@@ -532,6 +532,9 @@ class CompressionLayer(Layer):
         }
 
     # -- validity ---------------------------------------------------------------------------------------------
+    def across_processes(self) -> str | None:
+        return None  # per-party generators and residuals: each process runs its own party's (tests/test_deploy.py)
+
     def check(self, traits: AlgorithmTraits) -> list[str]:
         if self.forward_kinds is None:
             self.forward_kinds = tuple(traits.forward_kinds)

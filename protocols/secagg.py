@@ -77,7 +77,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from protocols.base import FLOAT_DTYPES, SecureSumAggregation, refuse_unsummable
 from secvfl.errors import MessageError, ProtocolError, SecvflWarning, UnsupportedError
-from secvfl.messages import Message, register_kind
+from secvfl.messages import WIRE_DTYPES, Message, register_kind
 from secvfl.transport.layers import AlgorithmTraits, Role, Topology
 
 if TYPE_CHECKING:
@@ -176,6 +176,9 @@ _ZEROS = b""  # shared all-zero plaintext for the keystream (public, read-only)
 def _pair_info(a: str, b: str, pub_a: bytes, pub_b: bytes) -> bytes:
     lo, hi = sorted([(a, pub_a), (b, pub_b)])
     return _PROTOCOL + b"|pair|" + json.dumps([lo[0], hi[0], lo[1].hex(), hi[1].hex()]).encode()
+
+
+_WIRE_NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
 
 
 class _MaskingParty:
@@ -430,7 +433,7 @@ class MaskedAggregation(SecureSumAggregation):
         self._next_round += 1  # burnt even if the round fails: masks are never reused
         self._agree_keys(net, senders, round_number)
 
-        meta = {"round": round_number, "frac_bits": self.frac_bits, "parties": sorted(senders), "of": first.kind}
+        meta = self._share_meta(round_number, senders, first.kind, layout)
         for m, enc in zip(messages, encoded, strict=True):  # each party masks on its own
             masked = self._state(m.sender).mask(enc, senders, round_number)
             if self._drops(m.sender, "masked", round_number):
@@ -456,6 +459,18 @@ class MaskedAggregation(SecureSumAggregation):
                 "retry without the dropped party",
                 absent, round_number,
             )
+        return self._finish(net, received, layout, first, receiver, route, round_number, op)
+
+    def _share_meta(self, round_number: int, senders: Sequence[str], kind: str,
+                    layout: list[tuple[str, tuple[int, ...], torch.dtype]]) -> dict[str, Any]:
+        # the dtypes let a receiver in another process decode the sum to what the parties sent
+        return {"round": round_number, "frac_bits": self.frac_bits, "parties": sorted(senders), "of": kind,
+                "dtypes": [_WIRE_NAMES[dtype] for _, _, dtype in layout]}
+
+    def _finish(self, net: Network, received: list[Message], layout: list[tuple[str, tuple[int, ...], torch.dtype]],
+                first: Message, receiver: str, route: str, round_number: int, op: str) -> Message:
+        """The aggregator's sum of the masked shares, passed on to ``receiver`` if that is another party, decoded."""
+        n = len(received)
         total = _wire_sum(received, layout)
         wire = sum(g.wire_size or 0 for g in received)
         if route != receiver:
@@ -475,6 +490,71 @@ class MaskedAggregation(SecureSumAggregation):
             offset += size
         self.rounds_completed += 1
         return self._result(first, receiver, out, op, n, wire, round=round_number)
+
+    # -- parties in separate processes (secvfl.deploy) ------------------------------------------------------
+    # Each process runs its own party's half of a round: a sender agrees its pair seeds with the other senders
+    # (its public key to each, theirs from each: the same key messages as in one process), masks and sends; the
+    # receiver collects the shares and decodes their sum. Round numbers advance in step in every process (every
+    # party takes part in every round). A party that does not deliver stops the run (the transport names it and
+    # every party resumes from the last checkpoint): rounds are not retried without it across processes.
+    across_processes: ClassVar[bool] = True
+
+    def send_share(self, net: Network, message: Message, senders: Sequence[str]) -> None:
+        senders = list(senders)
+        if message.sender not in senders or len(senders) < 2:
+            raise UnsupportedError(f"{self.subject} needs at least 2 parties, {message.sender} among them (got "
+                                   f"{senders}): {self.one_party_sum}")
+        layout = self._layout(message)
+        self._check_layout(layout)
+        encoded = (np.concatenate([self.codec.encode(t, len(senders), f"{message.sender}'s tensor {name!r}")
+                                   for name, t in message.tensors.items()])
+                   if layout else np.zeros(0, dtype=np.uint64))
+        round_number = self._next_round
+        self._next_round += 1
+        me = self._state(message.sender)
+        peers = [b for b in senders if b != message.sender and not me.has_seed(b)]
+        for b in peers:
+            net.send(Message(KEY_KIND, message.sender, b, 0, blobs={"public_key": me.public},
+                             meta={"protocol": _PROTOCOL.decode()}))
+        for b in peers:
+            got = net.receive(message.sender, kind=KEY_KIND, sender=b)
+            me.commit_seed(b, me.derive_seed(b, bytes(got.blobs.get("public_key", b""))))
+        route = self._route(net, message.receiver)
+        masked = me.mask(encoded, senders, round_number)
+        net.send(Message(MASKED_KIND, message.sender, route, message.step, _split(masked, layout),
+                         meta=self._share_meta(round_number, senders, message.kind, layout)))
+
+    def collect(self, net: Network, receiver: str, kind: str, senders: Sequence[str], op: str) -> Message:
+        senders = list(senders)
+        everyone = sorted(self.topology.feature_parties) if self.topology is not None else []
+        if sorted(senders) != everyone:
+            raise UnsupportedError(f"{self.subject} across processes sums every feature party's input; this round "
+                                   f"has {sorted(senders)} of {everyone} (partial participation needs one process)")
+        if op not in ("sum", "mean"):
+            raise UnsupportedError(f"aggregation op must be 'sum' or 'mean', got {op!r}")
+        route = self._route(net, receiver)
+        if route != receiver:
+            raise UnsupportedError(f"{self.subject} across processes delivers to its receiver directly")
+        round_number = self._next_round
+        self._next_round += 1
+        received = [net.receive(route, kind=MASKED_KIND, sender=s) for s in senders]
+        first = received[0]
+        dtypes = first.meta.get("dtypes") if isinstance(first.meta, Mapping) else None
+        if not isinstance(dtypes, list) or len(dtypes) != len(first.tensors):
+            raise ProtocolError(f"a masked share from {first.sender} does not name its tensors' dtypes")
+        unknown = [d for d in dtypes if d not in WIRE_DTYPES]
+        if unknown:
+            raise ProtocolError(f"a masked share from {first.sender} names unknown dtypes {unknown}")
+        layout = [(name, tuple(t.shape), WIRE_DTYPES[d]) for (name, t), d in zip(first.tensors.items(), dtypes,
+                                                                                 strict=True)]
+        self._check_layout(layout)
+        meta = self._share_meta(round_number, senders, kind, layout)
+        for got in received:
+            if not _is_share_of(got, meta, layout) or got.meta.get("of") != kind:
+                raise ProtocolError(f"{got.sender}'s masked share is not round {round_number}'s {kind} share "
+                                    "(round, parties, names or shapes differ)")
+        template = Message(kind, first.sender, receiver, first.step)
+        return self._finish(net, received, layout, template, receiver, route, round_number, op)
 
 
 def _is_stale(got: Message, round_number: int) -> bool:

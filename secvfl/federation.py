@@ -18,6 +18,9 @@ A federation file is TOML; relative paths are relative to the file's folder::
     address = "10.0.0.2:50051"
     data = { file = "shop.csv", columns = ["spend", "visits"], id = "customer_id" }
 
+``aggregator = "<party>"`` in ``[federation]`` names a party (an address, no data) that adds the feature parties'
+CKKS ciphertexts for ``--he ckks``; it holds no key.
+
 Parsing touches no network and no other file: the certificates may not exist yet (``secvfl certs`` makes them from
 this file) and each party's data file exists only on that party's host. A party name is the name in its
 certificate (its CN and a DNS subject alternative name), so it must be a DNS label: lowercase letters, digits and
@@ -80,7 +83,7 @@ _FEDERATION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,59}$")
 _RESERVED_NAMES = {"ca": "its files would be the CA's (ca.pem, ca.key)"}
 
 _TOP_KEYS = ("federation", "parties")
-_FEDERATION_KEYS = ("name", "label_party", "ca")
+_FEDERATION_KEYS = ("name", "label_party", "ca", "aggregator")
 _PARTY_KEYS = ("address", "cert", "key", "data")
 _DATA_KEYS = ("file", "columns", "label", "id")
 _EXAMPLES = {
@@ -88,6 +91,7 @@ _EXAMPLES = {
     "parties": "a [parties.<name>] table per party",
     "name": 'name = "my-federation"',
     "label_party": 'label_party = "<the party that holds the labels>"',
+    "aggregator": 'aggregator = "<the party that adds CKKS ciphertexts>"',
     "address": 'address = "127.0.0.1:50051"',
     "data": 'data = { file = "party.csv", columns = ["x1", "x2"], id = "id" }',
     "file": 'file = "party.csv"',
@@ -134,11 +138,12 @@ class PartySpec:
     address: Address
     cert: Path
     key: Path
-    data: DataSpec
+    # None: the party takes its block of the run's dataset, as the in-process simulation partitions it
+    data: DataSpec | None = None
 
     @property
     def holds_labels(self) -> bool:
-        return self.data.label is not None
+        return self.data is not None and self.data.label is not None
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,8 @@ class Federation:
     ca: Path
     label_party: str
     parties: tuple[PartySpec, ...]
+    # The party that adds the feature parties' CKKS ciphertexts (--he ckks): no data, no model, no key.
+    aggregator: str | None = None
 
     @property
     def ca_key(self) -> Path:
@@ -162,7 +169,7 @@ class Federation:
 
     @property
     def feature_parties(self) -> tuple[PartySpec, ...]:
-        return tuple(p for p in self.parties if p.name != self.label_party)
+        return tuple(p for p in self.parties if p.name not in (self.label_party, self.aggregator))
 
     def party(self, name: str) -> PartySpec:
         for p in self.parties:
@@ -330,7 +337,18 @@ def load_federation(path: str | Path) -> Federation:
                or f"; add a [parties.{label_party}] table or name one of the declared parties")
         r.fail("[federation] label_party", f"{label_party!r} is not a declared party "
                f"(declared: {', '.join(declared) or 'none'}){fix}")
-    if len(declared) < 2:
+    aggregator = fed.get("aggregator")
+    if aggregator is not None:
+        aggregator = r.string(aggregator, "[federation] aggregator")
+        if aggregator not in declared:
+            r.fail("[federation] aggregator", f"{aggregator!r} is not a declared party; add a [parties.{aggregator}]"
+                   " table (an address is all it needs)")
+        if aggregator == label_party:
+            r.fail("[federation] aggregator", "the label party holds the CKKS secret key, so it must not also add "
+                   "the ciphertexts (it would see each party's); name another party")
+        if "data" in r.table(declared[aggregator], f"[parties.{aggregator}]"):
+            r.fail(f"[parties.{aggregator}] data", "the aggregator holds no data; remove its data table")
+    if len(declared) - (aggregator is not None) < 2:
         r.fail("[parties]", "a federation needs the label party and at least one feature party; add a "
                "[parties.<name>] table")
 
@@ -344,7 +362,7 @@ def load_federation(path: str | Path) -> Federation:
         if party_name in _RESERVED_NAMES:
             r.fail(where, f"{party_name!r} is reserved: {_RESERVED_NAMES[party_name]}; choose another name")
         table = r.table(value, where)
-        r.keys(table, where, _PARTY_KEYS, ("address", "data"))
+        r.keys(table, where, _PARTY_KEYS, ("address",))
         address_text = r.string(table["address"], f"{where} address")
         try:
             address = parse_address(address_text)
@@ -361,9 +379,10 @@ def load_federation(path: str | Path) -> Federation:
                 r.fail(f"{where} {what}", f"{file} is already {seen_paths[file]}; give every certificate and key "
                        "its own file")
             seen_paths[file] = f"{where} {what}"
-        data = _read_data(r, table["data"], f"{where} data", party_name == label_party)
+        data = _read_data(r, table["data"], f"{where} data", party_name == label_party) if "data" in table else None
         parties.append(PartySpec(party_name, address, cert, key, data))
-    return Federation(name=name, source=source, ca=ca, label_party=label_party, parties=tuple(parties))
+    return Federation(name=name, source=source, ca=ca, label_party=label_party, parties=tuple(parties),
+                      aggregator=aggregator)
 
 
 def _load_certificate(data: bytes) -> x509.Certificate:

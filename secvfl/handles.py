@@ -143,7 +143,7 @@ class LabelHandle(LocalHandle):
         without a dropped party names it in the aggregate's ``meta["dropped"]``."""
         kind = self._party.input_kind
         if aggregated:
-            total = self._net.aggregate_submitted(self.name, kind)
+            total = self._net.aggregate_submitted(self.name, kind, senders=senders)
             dropped = set(total.meta.get("dropped", ()))
             self._inputs, present = [total], [s for s in senders if s not in dropped]
         else:

@@ -13,6 +13,7 @@ the object graph from every party, under every algorithm and protocol, to check 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,6 +38,7 @@ __all__ = [
     "task_loss",
     "make_optimizer",
     "require_wire",
+    "trainable_parameters",
     "ProtocolHooks",
     "ReleasingParty",
     "LabelStream",
@@ -136,6 +138,23 @@ class ReleaseRule(Protocol):
         ...
 
 
+_PARAMETERS: weakref.WeakKeyDictionary[nn.Module, tuple[torch.Tensor, ...]] = weakref.WeakKeyDictionary()
+
+
+def trainable_parameters(model: nn.Module) -> list[torch.Tensor]:
+    """``[p for p in model.parameters() if p.requires_grad]``, for the training hot path.
+
+    ``Module.parameters()`` walks the module tree (a generator per submodule) on every call, and every training
+    step asks for the list at least once. The walk is done once per model; ``requires_grad`` is read on each call,
+    so freezing a layer still counts. (A model whose layers are replaced after its first step would need a fresh
+    walk; secvfl builds every model before training and never changes its structure.)
+    """
+    params = _PARAMETERS.get(model)
+    if params is None:
+        params = _PARAMETERS[model] = tuple(model.parameters())
+    return [p for p in params if p.requires_grad]
+
+
 class PlainRelease:
     """Release the output as computed; backpropagate the received gradient through it."""
 
@@ -145,8 +164,7 @@ class PlainRelease:
     def model_gradients(
         self, model: nn.Module, x: torch.Tensor, out: torch.Tensor, grad: torch.Tensor
     ) -> list[torch.Tensor | None]:
-        params = [p for p in model.parameters() if p.requires_grad]
-        return list(torch.autograd.grad(out, params, grad, allow_unused=True))
+        return list(torch.autograd.grad(out, trainable_parameters(model), grad, allow_unused=True))
 
 
 class MessageTagger(Protocol):
@@ -257,7 +275,8 @@ class FeatureParty(_Party):
         """Compute the bottom-model output on rows ``ids`` and wrap what the release rule lets out for ``receiver``."""
         idx = torch.as_tensor(ids, device=self.device)
         x = self._x[split][idx]
-        self.model.train(train)
+        if self.model.training is not train:  # Module.train() walks every submodule: only when the mode changes
+            self.model.train(train)
         with torch.set_grad_enabled(train):
             out = self.model(x)
             if split in self._observed:  # in-graph, so rows it does not hold get no gradient either
@@ -282,11 +301,11 @@ class FeatureParty(_Party):
             grad = grad * held
         grads = self.release_rule.model_gradients(self.model, x, out, grad)
         self._pending = None
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = trainable_parameters(self.model)
         if len(grads) != len(params):
             raise PartyIsolationError(f"{self.name}: release rule returned {len(grads)} gradients for {len(params)} parameters")
         for p, g in zip(params, grads, strict=True):
-            p.grad = None if g is None else g.to(p.dtype)
+            p.grad = g if g is None or g.dtype is p.dtype else g.to(p.dtype)
         self.optimizer.step()
 
     def state_dict(self) -> dict:
@@ -370,7 +389,8 @@ class LabelParty(_Party):
         """
         xs = self._inputs(inputs)
         y = self.labels("train", ids)
-        self.head.train()
+        if not self.head.training:  # Module.train() walks every submodule: only when the mode changes
+            self.head.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.backward_rule(self.head, lambda t: self._forward(t, aggregated, input_scale), xs, y, self.loss_fn,
                                   rows=np.asarray(ids))

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -218,14 +219,17 @@ def _diverged(step_size: tuple[str, float], run_dir: Path | None, epoch: int, ba
 # -- the run -------------------------------------------------------------------------------------------------
 def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str | Path | None = None,
                  from_epoch: int | None = None, changes: dict[str, Any] | None = None, progress: bool = True,
-                 log=print, on_build=None) -> dict[str, Any]:
+                 log=print, on_build=None, build: Callable[[TrainConfig], Run] | None = None,
+                 summary_extra: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Train, evaluate and write the run directory ``out`` (None: write nothing); returns the summary dictionary.
 
     ``resume``: continue the run in that directory from its latest checkpoint (``from_epoch``: from the one after
     that many epochs; later ones are discarded). ``cfg`` is then ignored: the run's own config.toml is used, with
     ``changes`` (keys of :data:`RESUME_CHANGES`) applied; a larger ``epochs`` extends the run, also a finished one.
     ``on_build(run)``, if given, is called once the run is assembled (and restored, on resume), before training:
-    e.g. to record a party's view for an attack.
+    e.g. to record a party's view for an attack. ``build`` assembles the run (default :func:`build_run`; the parties
+    in separate processes of :mod:`secvfl.deploy` build it with remote handles); ``summary_extra()`` adds entries to
+    the summary.
     """
     changes = dict(changes or {})
     run_dir = Path(resume) if resume is not None else Path(out) if out is not None else None
@@ -237,7 +241,7 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
         raise ConfigError("changes apply only to a resumed run (resume=DIR)")
     elif run_dir is not None:
         check_out_dir(run_dir)
-    run = build_run(cfg)
+    run = (build or build_run)(cfg)
     start_epoch, history, wall_before = 0, [], 0.0
     if resume is not None:
         restored = load_checkpoint(run_dir, run, epoch=from_epoch, count_since_build=True)
@@ -340,6 +344,8 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
         summary.update(s.summary() if callable(s.summary) else s.summary)
     for hook in (h for s in run.setups for h in s.on_summary):
         hook(summary)
+    if summary_extra is not None:
+        summary.update(summary_extra())
     if run_dir is not None:
         with writing(run_dir):
             write_json_atomic(run_dir / "summary.json", summary)

@@ -647,3 +647,27 @@ def test_parameters_whose_first_prime_is_too_small_send_two_primes():
     assert ((out - 8000.0).abs() <= params.error_bound(2)).all()
     sent = agg.encrypt_message(embeddings(xs, 1)[0], AGG, ["p0", "p1"])
     assert len(sent.blobs) == 1 and agg.cipher_of(AGG).load(sent.blobs["c0"]).coeff_modulus_size() == 2
+
+
+def test_small_preset_halves_the_bytes_of_a_default_vafl_step_and_stays_exact():
+    """``--ckks-params small`` (N = 4096): 128-bit secure, and a vafl step at the default batch (64 x 16 floats per
+    party) costs one ciphertext of two 4096-word polynomials under the 60-bit wire prime: bytes per party per step
+    = 2 * 4096 * 8 + headers, half the default's 2 * 8192 * 8 + headers, for the same 1,024 floats."""
+    small = CKKSParams.parse("small")
+    assert small == CKKSParams.parse("4096:60,49:40")
+    assert small.total_bits == HE_STANDARD_MAX_BITS[4096] == 109 and small.describe()["wire_primes"] == [60]
+    assert small.max_abs_sum == PRESETS["default"].max_abs_sum and small.error_bound_per_party < 1e-6
+    rng = np.random.default_rng(0)
+    xs = [torch.from_numpy(rng.uniform(-100, 100, size=(64, 16))).float() for _ in range(3)]
+    per_step = {}
+    for spec in ("small", "default"):
+        agg = CKKSAggregation(spec)
+        net = Network(roles(3), aggregation=agg)
+        out = net.aggregate(embeddings(xs, 0), LABEL, "mean").tensor("embedding")
+        exact = torch.stack([x.double() for x in xs]).mean(0)
+        tol = agg.params.error_bound(3) / 3 + torch.finfo(torch.float32).eps * exact.abs()
+        assert ((out.double() - exact).abs() <= tol).all()
+        per_step[spec] = net.stats.bytes_by_link[f"p0->{AGG}"]
+        assert net.stats.messages_by_kind[CIPHERTEXT_KIND] == 3  # one ciphertext message per party
+    assert 2 * 4096 * 8 < per_step["small"] <= 2 * 4096 * 8 + 1024
+    assert 2 * 8192 * 8 < per_step["default"] <= 2 * 8192 * 8 + 1024

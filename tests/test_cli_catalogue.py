@@ -54,6 +54,18 @@ def _all(*setups: Callable[[Path], None]) -> Callable[[Path], None]:
     return setup
 
 
+def _certs(federation: str) -> Callable[[Path], None]:
+    """Certificates for the federation file {tmp}/``federation`` (for the commands that start a party)."""
+
+    def setup(tmp: Path) -> None:
+        from secvfl.certs import issue_certificates, write_certificates
+        from secvfl.federation import load_federation
+
+        write_certificates(issue_certificates(load_federation(tmp / federation)))
+
+    return setup
+
+
 def _trained(algo: str) -> Callable[[Path], None]:
     """A finished one-epoch run of ``algo`` on wine in {tmp}/run, for the commands that read a run."""
 
@@ -83,6 +95,8 @@ _TRAIN = ("train", "--dataset", "wine", "--epochs", "1")  # errors below come be
 _FEDERATION = ('[federation]\nname = "demo"\nlabel_party = "bank"\n'  # a valid federation file, for `secvfl certs`
                '[parties.bank]\naddress = "127.0.0.1:50051"\ndata = { file = "b.csv", label = "y", id = "id" }\n'
                '[parties.shop]\naddress = "127.0.0.1:50052"\ndata = { file = "s.csv", columns = ["a"], id = "id" }\n')
+
+_FED_SIM = "\n".join(line for line in _FEDERATION.splitlines() if not line.startswith("data"))  # no data files
 
 
 CASES: list[Case] = [
@@ -597,6 +611,46 @@ CASES: list[Case] = [
     Case(("certs", "--federation", "{tmp}/f.toml", "--out", "{tmp}/certs"), "certs/shop.key already exists; pass "
          "--force", setup=_all(_write("f.toml", _FEDERATION), _write("certs/shop.key", "old")),
          id="certs-would-overwrite"),
+    Case(("party", "--federation", "{tmp}/nope.toml", "--name", "shop"), "nope.toml does not exist",
+         id="party-federation-missing"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shoop", "--out", "{tmp}/s"),
+         "no party 'shoop' in this federation (its parties: bank, shop); did you mean 'shop'?",
+         setup=_write("f.toml", _FED_SIM), id="party-unknown-name"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s", "--epochs", "3"),
+         "--epochs: the label party (bank) sets the training; a feature party takes only",
+         setup=_write("f.toml", _FED_SIM), id="party-feature-party-given-training-flags"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop"), "party shop needs --out DIR",
+         setup=_write("f.toml", _FED_SIM), id="party-feature-party-without-out"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/a", "--resume", "{tmp}/b"),
+         "--out and --resume exclude each other", setup=_write("f.toml", _FED_SIM), id="party-out-and-resume"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s"),
+         "cannot read the CA certificate", setup=_write("f.toml", _FED_SIM), id="party-without-certificates"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s"),
+         "name their own data files, which this version does not read yet", setup=_write("f.toml", _FEDERATION),
+         id="party-data-files-not-read-yet"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s", "--party-timeout", "0"),
+         "--party-timeout must be a positive number of seconds", setup=_write("f.toml", _FED_SIM),
+         id="party-timeout-zero"),
+    Case(("launch", "--federation", "{tmp}/f.toml", "--heartbeat", "5", "--peer-timeout", "2"),
+         "--heartbeat 5 must be shorter than --peer-timeout 2", setup=_write("f.toml", _FED_SIM),
+         id="launch-heartbeat-longer-than-peer-timeout"),
+    Case(("launch", "--federation", "{tmp}/f.toml"), "secvfl launch starts every party on this host, but shop is at "
+         "10.0.0.2:50052", setup=_write("f.toml", _FED_SIM.replace("127.0.0.1:50052", "10.0.0.2:50052")),
+         id="launch-non-loopback-address"),
+    Case(("certs", "--federation", "{tmp}/f.toml"), "[federation] aggregator: 'adder' is not a declared party",
+         setup=_write("f.toml", _FED_SIM.replace('label_party = "bank"', 'label_party = "bank"\naggregator = "adder"')),
+         id="federation-aggregator-undeclared"),
+    Case(("certs", "--federation", "{tmp}/f.toml"), "the label party holds the CKKS secret key, so it must not also "
+         "add the ciphertexts", setup=_write("f.toml", _FED_SIM.replace('label_party = "bank"',
+                                                                        'label_party = "bank"\naggregator = "bank"')),
+         id="federation-aggregator-is-label-party"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "bank", "--out", "{tmp}/b", "--parties", "2", "--algo",
+          "vafl", "--dataset", "wine", "--he", "ckks"), "without an aggregator party (add aggregator",
+         setup=_all(_write("f.toml", _FED_SIM + '\n[parties.telco]\naddress = "127.0.0.1:50053"\n'), _certs("f.toml")),
+         id="party-ckks-without-aggregator"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "bank", "--out", "{tmp}/b", "--parties", "3"),
+         "--parties 3, but federation 'demo' has 1 feature party; set --parties 1", setup=_write("f.toml", _FED_SIM),
+         id="party-parties-differ-from-federation"),
 ]
 
 

@@ -161,6 +161,12 @@ class DPLayer(Layer):
         return max((ledger.entries for ledger in self.ledgers.values()), key=len, default=[])
 
     # -- validity ---------------------------------------------------------------------------------------------
+    def across_processes(self) -> str | None:
+        if self.plan.protects == "labels":
+            return None  # every release, its accounting and its ledger are the label party's, in the coordinator
+        return ("feature DP releases and accounts in each feature party, while the coordinator reports the privacy "
+                "spent; it is not yet gathered across processes")
+
     def check(self, traits: AlgorithmTraits) -> list[str]:
         problems = []
         if not traits.gradient_based and self.plan.mechanism == "gradient":

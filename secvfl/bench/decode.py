@@ -104,6 +104,26 @@ def _psi_traffic() -> None:
     align(ids, "label", net=Network({"label": Role.LABEL, "p0": Role.FEATURE}))
 
 
+def _request_traffic() -> None:
+    """Party-handle requests and answers as they travel to a party in another process (secvfl.deploy)."""
+    import numpy as np
+    import torch
+
+    from secvfl.deploy.calls import call_message, result_message
+    from secvfl.messages import encode
+    from secvfl.transport.inprocess import InProcessTransport
+
+    transport = InProcessTransport()
+    ids = np.arange(5, dtype=np.int64)
+    for step, (method, args, kwargs) in enumerate([("forward", (3, "train", ids), {"to": "label", "train": True}),
+                                                   ("backward", (), {"sender": "label"}),
+                                                   ("__stats__", (), {})]):
+        call = call_message("label", "party0", step + 1, method, args, kwargs, reply=method == "__stats__")
+        transport.put("label", "party0", call.kind, encode(call))
+    answer = result_message("party0", "label", 3, {"bytes": {"party0": 17}, "scale": torch.ones(2)})
+    transport.put("party0", "label", answer.kind, encode(answer))
+
+
 def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
     """Encoded messages of every kind, captured at the transport during short real runs: ``corpus_key -> bytes``.
 
@@ -118,6 +138,7 @@ def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
             run_training(cfg, progress=False, log=lambda *a, **k: None)
         _masked_sum_traffic()
         _psi_traffic()
+        _request_traffic()
     by_key: dict[str, list[bytes]] = {}
     for data in dict.fromkeys(captured):  # distinct, in capture order
         by_key.setdefault(corpus_key(decode(data)), []).append(data)

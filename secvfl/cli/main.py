@@ -20,6 +20,7 @@ SUBCOMMANDS = [
     "secvfl.cli.predict",
     "secvfl.cli.align",
     "secvfl.cli.certs",
+    "secvfl.cli.deploy",
 ]
 
 

@@ -75,7 +75,8 @@ class CommStats:
 
 
 class Transport(ABC):
-    """Moves bytes between named parties. Implementations: in-process queues; gRPC with mutual TLS (later)."""
+    """Moves bytes between named parties. Implementations: in-process queues (``inprocess.py``, the default) and
+    gRPC with mutual TLS between party processes (``grpc_link.py``, used by ``secvfl party`` and ``secvfl launch``)."""
 
     def __init__(self) -> None:
         self.stats = CommStats()

@@ -114,6 +114,11 @@ class Layer:
         only (``Aggregation.accepts_encoded``)."""
         return None
 
+    def across_processes(self) -> str | None:
+        """None when each party's process can run this layer on its own party's messages alone and the run gives
+        what it gives in one process (secvfl.deploy); otherwise why not (the default: not verified)."""
+        return "not yet verified with parties in separate processes"
+
     def describe(self) -> dict[str, Any]:
         """Facts for ``summary.json`` (parameters, privacy spent, ...)."""
         return {"layer": self.name}
@@ -174,6 +179,19 @@ class Aggregation(ABC):
     def describe(self) -> dict[str, Any]:
         return {"aggregation": self.name}
 
+    # -- parties in separate processes (secvfl.deploy): each process runs only its own party's half of a round --
+    across_processes: ClassVar[bool] = False  # whether it implements send_share and collect
+
+    def send_share(self, net: Network, message: Message, senders: Sequence[str]) -> None:
+        """The sender's half of a round, in the sender's process: ``message`` is its input, ``senders`` every
+        contributor of the round (itself included)."""
+        raise UnsupportedError(f"the {self.name} aggregation runs every party in one process so far")
+
+    def collect(self, net: Network, receiver: str, kind: str, senders: Sequence[str], op: str) -> Message:
+        """The receiver's half, in the receiver's process: the ``op`` of what ``senders`` sent, as :meth:`aggregate`
+        would deliver it."""
+        raise UnsupportedError(f"the {self.name} aggregation runs every party in one process so far")
+
     def start_epoch(self, net: Network, epoch: int) -> None:  # noqa: B027 - optional hook, like Layer's
         """Like :meth:`Layer.start_epoch`: renew per-epoch keys before the epoch's first round."""
 
@@ -203,6 +221,16 @@ class PlainAggregation(Aggregation):
             net.send(m.replace(receiver=receiver))
         received = [net.receive(receiver, kind=m.kind, sender=m.sender) for m in messages]
         return sum_messages(received, receiver, op)
+
+    across_processes: ClassVar[bool] = True
+
+    def send_share(self, net: Network, message: Message, senders: Sequence[str]) -> None:
+        net.send(message)
+
+    def collect(self, net: Network, receiver: str, kind: str, senders: Sequence[str], op: str) -> Message:
+        if op not in ("sum", "mean"):
+            raise UnsupportedError(f"aggregation op must be 'sum' or 'mean', got {op!r}")
+        return sum_messages([net.receive(receiver, kind=kind, sender=s) for s in senders], receiver, op)
 
 
 def sum_messages(received: Sequence[Message], receiver: str, op: str) -> Message:

@@ -7,8 +7,9 @@ ever holds a reference to another party's tensors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from secvfl.errors import MessageError
 from secvfl.messages import Message, decode, encode, encoded_payload_size, mark_delivered
@@ -67,6 +68,14 @@ class Network:
         self._views: dict[str, View] = {}
         # Inputs parties submitted to the aggregation, per (receiver, kind), until the receiver aggregates them.
         self._submitted: dict[tuple[str, str], list[Message]] = {}
+        # The one party this process acts for when the parties run in separate processes (secvfl.deploy); None:
+        # every party is here. Aggregations then run their halves (Aggregation.send_share and collect).
+        self.local: str | None = None
+        # Called with the epoch by start_epoch: a coordinator passes the epoch on to parties in other processes.
+        self.epoch_listeners: list[Callable[[int], None]] = []
+        # name -> (save, load): the state of a party in another process that holds no handle (a CKKS aggregator),
+        # saved by that party itself; what save() returns (a digest) goes into this network's checkpoint.
+        self.remote_states: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
 
     @property
     def stats(self) -> CommStats:
@@ -131,10 +140,22 @@ class Network:
         """
         self._known(message.sender)
         self._known(message.receiver)
+        if self.local is not None:  # the receiver is another process: the sender's half of the round runs now
+            self.aggregation.send_share(self, message, self.topology.feature_parties)
+            return
         self._submitted.setdefault((message.receiver, message.kind), []).append(message)
 
-    def aggregate_submitted(self, receiver: str, kind: str, op: str = "sum") -> Message:
-        """:meth:`aggregate` over the ``kind`` inputs submitted for ``receiver``, in the order they were submitted."""
+    def aggregate_submitted(self, receiver: str, kind: str, op: str = "sum", *, senders: Sequence[str] = ()
+                            ) -> Message:
+        """:meth:`aggregate` over the ``kind`` inputs submitted for ``receiver``, in the order they were submitted.
+
+        ``senders``: the parties that submitted, in that order; needed when they are in other processes (their
+        inputs then arrive as the plain aggregation's messages)."""
+        if self.local is not None:
+            if not senders:
+                raise MessageError(f"aggregating {kind} across processes needs the senders' names")
+            total = self.aggregation.collect(self, receiver, kind, senders, op)
+            return mark_delivered(total)
         messages = self._submitted.pop((receiver, kind), [])
         if not messages:
             raise MessageError(f"no {kind} inputs were submitted for {receiver}; the protocol's order is broken")
@@ -156,13 +177,20 @@ class Network:
         self.aggregation.start_epoch(self, epoch)
         for layer in self.layers:
             layer.start_epoch(self, epoch)
+        for listener in self.epoch_listeners:
+            listener(epoch)
 
     def state_dict(self) -> dict:
-        return {"stats": self.stats.state_dict(), "layers": [layer.state_dict() for layer in self.layers],
-                "aggregation": self.aggregation.state_dict()}
+        state = {"stats": self.stats.state_dict(), "layers": [layer.state_dict() for layer in self.layers],
+                 "aggregation": self.aggregation.state_dict()}
+        if self.remote_states:
+            state["remote"] = {name: save() for name, (save, _) in self.remote_states.items()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.stats.load_state_dict(state["stats"])
         for layer, s in zip(self.layers, state["layers"], strict=True):
             layer.load_state_dict(s)
         self.aggregation.load_state_dict(state.get("aggregation", {}))
+        for name, (_, load) in self.remote_states.items():
+            load(state["remote"][name])

@@ -144,6 +144,7 @@ class TaskTable:
             self.offsets = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
             self.subsets: list[Subset] = [s for cls in by_size for s in cls]
             self.matrix = averaging_matrix(self.subsets, self.observed)
+            self._matrix_rows = self.matrix.numpy()  # same memory; numpy gathers a few rows faster than torch
         else:
             self._others = np.array([p for p in canonical if p != self.party], dtype=np.int64)
 
@@ -174,7 +175,7 @@ class TaskTable:
         """Sampled tasks and their (n, n) averaging matrix, rows in size order (to pair with ``weights``)."""
         if self.enumerated:
             rows = self.sample_rows(rng)
-            return [self.subsets[r] for r in rows], self.matrix[torch.from_numpy(rows)]
+            return [self.subsets[r] for r in rows], torch.from_numpy(self._matrix_rows[rows])
         tasks = self.sample(rng)
         return tasks, averaging_matrix(tasks, self.observed)
 
@@ -259,31 +260,36 @@ def linear_head_task_grads(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`weighted_task_loss` and its gradients for a linear head, in closed form (no autograd graph).
 
-    LASER-VFL's fusion heads are usually one linear layer; the step of every party is then a handful of matrix
-    products: ``F = M R``, ``Z = F W^T + b``, ``dZ = w_s / B * (sigmoid(Z) - y)`` (one logit, BCE) or
-    ``w_s / B * (softmax(Z) - onehot(y))`` (softmax CE), ``dW = dZ^T F``, ``db = sum dZ``, ``dR = M^T (dZ W)``.
+    LASER-VFL's fusion heads are usually one linear layer, and a linear layer commutes with the subset mean:
+    ``W (M R) = M (R W^T)``. So every party's representation goes through ``W`` once (``U = R W^T``, n rows of B
+    logits instead of S of them over d columns), then ``Z = M U + b``, ``dZ = w_s / B * (sigmoid(Z) - y)`` (one
+    logit, BCE) or ``w_s / B * (softmax(Z) - onehot(y))`` (softmax CE), ``G = M^T dZ`` (= dL/dU),
+    ``dR = G W``, ``dW = G^T R``, ``db = sum dZ``: a handful of small products, no (S*B, d) intermediate.
     Returns ``(loss, dL/dreps, dL/dweight, dL/dbias)``; equal to autograd on :func:`weighted_task_loss` (tested).
     """
     n, B = reps.shape[0], reps.shape[1]
     S = matrix.shape[0]
-    fused = (matrix @ reps.reshape(n, -1)).reshape(S * B, -1)  # (S*B, d)
-    logits = torch.addmm(bias, fused, weight.t()) if bias is not None else fused @ weight.t()  # (S*B, C)
-    scale = (weights.to(logits.dtype) / B).repeat_interleave(B).unsqueeze(1)  # (S*B, 1)
+    flat = reps.reshape(n * B, -1)  # (n*B, d)
+    logits = (matrix @ (flat @ weight.t()).reshape(n, -1)).reshape(S, B, -1)  # (S, B, C), before the bias
+    if bias is not None:
+        logits = logits + bias
+    scale = (weights.to(logits.dtype) / B).reshape(S, 1, 1)  # broadcast over rows and classes
     if weight.shape[0] == 1:  # binary: one logit, BCE
-        y = targets.to(logits.dtype).repeat(S).unsqueeze(1)
+        y = targets.to(logits.dtype).reshape(1, B, 1).expand_as(logits)
         per_sample = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
         d_logits = (torch.sigmoid(logits) - y) * scale
     else:
+        C = logits.shape[2]
         y = targets.repeat(S)
-        per_sample = F.cross_entropy(logits, y, reduction="none").unsqueeze(1)
-        d_logits = torch.softmax(logits, dim=1)
+        per_sample = F.cross_entropy(logits.reshape(S * B, C), y, reduction="none").reshape(S, B, 1)
+        d_logits = torch.softmax(logits.reshape(S * B, C), dim=1)
         d_logits[torch.arange(S * B), y] -= 1.0
-        d_logits = d_logits * scale
+        d_logits = d_logits.reshape(S, B, C) * scale
     loss = (per_sample * scale).sum()
-    d_weight = d_logits.t() @ fused
-    d_bias = d_logits.sum(dim=0) if bias is not None else None
-    d_fused = (d_logits @ weight).reshape(S, -1)
-    d_reps = (matrix.t() @ d_fused).reshape(reps.shape)
+    d_u = (matrix.t() @ d_logits.reshape(S, -1)).reshape(n * B, -1)  # (n*B, C)
+    d_weight = d_u.t() @ flat
+    d_bias = d_logits.sum(dim=(0, 1)) if bias is not None else None
+    d_reps = (d_u @ weight).reshape(reps.shape)
     return loss, d_reps, d_weight, d_bias
 
 

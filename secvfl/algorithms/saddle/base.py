@@ -96,7 +96,8 @@ class LinearAlgorithm(ABC):
                 raise UnsupportedError(f"no earlier message from {missing} to reuse")
             total = sum(last[n] for n in names)
         else:
-            total = received_array(net.aggregate_submitted(LABEL, FORWARD_KIND).tensor("value"))
+            total = received_array(net.aggregate_submitted(LABEL, FORWARD_KIND, senders=senders).tensor(
+                "value"))
         self.last_sum = (total, rows)  # the label party's latest sum (its training loss comes from it)
         return total
 

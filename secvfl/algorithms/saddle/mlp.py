@@ -202,7 +202,9 @@ class SaddleMLP:
             meta["eval"] = True  # prediction traffic (a compression layer sends it dense by default)
         for h in self.feature_handles:
             h.send_output(self.step, meta, split=split, rows=rows, params=params)
-        return self.net.aggregate_submitted(LABEL, FORWARD_KIND).tensor("value").to(torch.float64).numpy()
+        senders = [h.name for h in self.feature_handles]
+        return self.net.aggregate_submitted(LABEL, FORWARD_KIND, senders=senders).tensor("value").to(
+            torch.float64).numpy()
 
     def _backward(self, lam: np.ndarray, names: Sequence[str], rows: np.ndarray, dtype: torch.dtype) -> None:
         t = torch.as_tensor(lam, dtype=dtype)

@@ -139,7 +139,9 @@ class LinearSaddleTrainer(Algorithm):
         round_ = self.method.round
         for h in self.fed.feature_handles:
             h.send_output(round_, meta, split=split)
-        z = self.net.aggregate_submitted(LABEL, FORWARD_KIND).tensor("value").to(torch.float64).numpy()
+        senders = [h.name for h in self.fed.feature_handles]
+        z = self.net.aggregate_submitted(LABEL, FORWARD_KIND, senders=senders).tensor("value").to(
+            torch.float64).numpy()
         lab = self.fed.label
         return classification_metrics(lab.labels(split), lab.loss.proba(z))
 

@@ -1,0 +1,1 @@
+"""Parties in separate processes (one per party, on one host or many) over the gRPC transport with mutual TLS."""

@@ -1,0 +1,261 @@
+"""One party's process: a feature party serving requests, or the label party running the training as coordinator.
+
+The label party proposes the run: its ``secvfl party`` command carries the training settings, and its hello to
+every feature party carries them (plus whether the run resumes). Each party then builds the run from those settings
+and keeps only its own party: its model, its optimiser, its block of columns. Until per-party data files are
+supported (the federation file's ``data`` tables), every process reads its block from the run's dataset with the
+run's seed, as the in-process simulation partitions it; the other parties' objects built on the way are dropped
+before the first request.
+
+What crosses processes: the algorithm's messages (the same bytes as in one process, counted the same way), and the
+coordinator's requests with their answers (public facts: step numbers, row ids, party names, losses; counted
+apart, in ``control`` of summary.json).
+
+Protocol layers run where they act, in each party's own process, on its own messages; so far only the layers that
+say they can (``Layer.across_processes``: compression, label DP) and the aggregations that implement their halves
+(``Aggregation.across_processes``: plain, masking, CKKS with an aggregator party) are allowed. A run asking for
+another is refused before any party trains, with the reason.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from secvfl.algorithms.base import LABEL_PARTY, feature_party_names
+from secvfl.config import TrainConfig
+from secvfl.deploy.remote import (
+    HELLO,
+    LOAD,
+    SAVE,
+    START_EPOCH,
+    STATS,
+    STOP,
+    FederatedStats,
+    PartyLink,
+    PartyServer,
+    RemoteHandle,
+    load_party_state,
+    save_party_state,
+    swap_remote_handles,
+)
+from secvfl.errors import ConfigError, SecvflError, UnsupportedError
+from secvfl.federation import Federation, verify_peer_certificate
+from secvfl.transport.grpc_link import GrpcTransport, PartyLost, PeerAddress, TlsFiles
+from secvfl.transport.layers import Role
+
+__all__ = ["run_names", "Timeouts", "make_transport", "serve_party", "coordinate", "AGGREGATOR"]
+
+AGGREGATOR = "aggregator"  # the run name of the CKKS aggregator (protocols.ckks.CKKSAggregation's default)
+
+
+class Timeouts:
+    """How long a party waits: for a message or a connection (``wait``), for the coordinator's next request
+    (``idle``), and for a silent peer (``peer``, with ``heartbeat`` the interval of the heartbeats)."""
+
+    def __init__(self, wait: float = 300.0, peer: float = 15.0, heartbeat: float = 1.0, idle: float = 3600.0) -> None:
+        for name, value in (("--party-timeout", wait), ("--peer-timeout", peer), ("--heartbeat", heartbeat)):
+            if not value > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value}")
+        if heartbeat >= peer:
+            raise ConfigError(f"--heartbeat {heartbeat:g} must be shorter than --peer-timeout {peer:g} (a peer is "
+                              "declared gone after missing several heartbeats)")
+        self.wait, self.peer, self.heartbeat, self.idle = wait, peer, heartbeat, max(idle, wait)
+
+
+def run_names(federation: Federation) -> dict[str, str]:
+    """Federation party name -> the party's name in the run: the label party is ``label``, the feature parties
+    ``party0``, ``party1``, ... in the federation file's order (the order of their column blocks)."""
+    features = feature_party_names(len(federation.feature_parties))
+    names = {p.name: run for p, run in zip(federation.feature_parties, features, strict=True)}
+    names[federation.label_party] = LABEL_PARTY
+    if federation.aggregator is not None:
+        names[federation.aggregator] = AGGREGATOR
+    return names
+
+
+def make_transport(federation: Federation, name: str, timeouts: Timeouts, log: Callable[[str], None]
+                   ) -> GrpcTransport:
+    runs = run_names(federation)
+    spec = federation.party(name)
+    addresses = {p.name: PeerAddress(runs[p.name], p.name, str(p.address)) for p in federation.parties}
+    peers = {a.name: a for n, a in addresses.items() if n != name}
+    return GrpcTransport(addresses[name], peers, TlsFiles(federation.ca, spec.cert, spec.key),
+                         verify=lambda cert_name, pem: verify_peer_certificate(federation, cert_name, pem),
+                         timeout=timeouts.wait, heartbeat=timeouts.heartbeat, peer_timeout=timeouts.peer, log=log)
+
+
+def check_across_processes(run: Any, federation: Federation) -> None:
+    """Refuse, before training, what this deployment cannot run with parties in separate processes."""
+    problems = []
+    aggregators = [p for p, role in run.net.topology.roles.items() if role == Role.AGGREGATOR]
+    if aggregators and aggregators != [AGGREGATOR]:
+        problems.append(f"an aggregator named {aggregators} (the federation's aggregator runs as {AGGREGATOR!r})")
+    if aggregators and AGGREGATOR not in run_names(federation).values():
+        problems.append(f"the {run.net.aggregation.name} aggregation without an aggregator party (add aggregator = "
+                        "\"<party>\" to [federation] and a [parties.<party>] table with its address)")
+    if not run.net.aggregation.across_processes:
+        problems.append(f"the {run.net.aggregation.name} aggregation (its rounds run every party in one process "
+                        "so far)")
+    for layer in run.net.layers:
+        why = layer.across_processes()
+        if why is not None:
+            problems.append(f"the {getattr(layer, 'name', type(layer).__name__)} layer ({why})")
+    if problems:
+        raise UnsupportedError("parties in separate processes cannot run " + "; ".join(problems) +
+                               "; run it in one process (`secvfl train`), or drop those protocols")
+
+
+def _refuse_data_files(federation: Federation) -> None:
+    with_files = [p.name for p in federation.parties if p.data is not None]
+    if with_files:
+        raise UnsupportedError(f"{federation.source}: parties {', '.join(with_files)} name their own data files, "
+                               "which this version does not read yet; remove their data tables: every party then "
+                               "takes its block of the run's dataset (--dataset), as `secvfl train` partitions it")
+
+
+def _check_federation(federation: Federation, cfg: TrainConfig) -> None:
+    k = len(federation.feature_parties)
+    if cfg.parties != k:
+        raise ConfigError(f"--parties {cfg.parties}, but federation {federation.name!r} has {k} feature "
+                          f"part{'ies' if k != 1 else 'y'}; set --parties {k}")
+
+
+# -- a feature party ---------------------------------------------------------------------------------------------
+def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir: str | None,
+                timeouts: Timeouts, log: Callable[[str], None]) -> None:
+    """Run party ``name`` (a feature party, or the aggregator) until the coordinator says stop (or fails, or goes
+    silent)."""
+    from secvfl.checkpoint import _global_rng_state, _set_global_rng_state
+    from secvfl.runner import build_run
+
+    _refuse_data_files(federation)
+    runs = run_names(federation)
+    me = runs[name]
+    coordinator = runs[federation.label_party]
+    transport = make_transport(federation, name, timeouts, log)
+    server = PartyServer(me, transport, coordinator, idle_timeout=timeouts.idle, log=log)
+    held: dict[str, Any] = {}
+
+    def on_call(method: str, args: list, kwargs: dict) -> Any:
+        if method == HELLO:
+            cfg = TrainConfig.from_dict(args[0])
+            if data_dir is not None:
+                cfg = replace(cfg, data_dir=data_dir)
+            _check_federation(federation, cfg)
+            run = build_run(cfg)
+            check_across_processes(run, federation)
+            run.net.transport = transport
+            run.net.local = me
+            server.handle = run.algorithm.handles().get(me)  # the aggregator has none: it acts on messages
+            server.hello_done = True
+            held.update(cfg=cfg, net=run.net)  # the rest of the run (other parties' objects) is dropped here
+            log(f"{name} ({me}) ready: {cfg.algo} on {cfg.dataset}, {cfg.epochs} epochs")
+            return {"ready": me}
+        if method == START_EPOCH:
+            epoch = int(args[0])
+            torch.manual_seed(held["cfg"].seed * 100_003 + epoch)  # as the in-process runner seeds each epoch
+            held["net"].start_epoch(epoch)
+            return None
+        if method == STATS:
+            return held["net"].stats.state_dict()
+        if method == SAVE:
+            own = server.handle.state_dict() if server.handle is not None else {}
+            return save_party_state(state_dir, me, {"party": own, "network": held["net"].state_dict(),
+                                                    "rng": _global_rng_state()})
+        if method == LOAD:
+            state = load_party_state(state_dir, me, args[0])
+            if server.handle is not None:
+                server.handle.load_state_dict(state["party"])
+            held["net"].load_state_dict(state["network"])
+            _set_global_rng_state(state["rng"])
+            log(f"{name} restored its state {args[0]['state_sha256'][:12]}")
+            return None
+        return NotImplemented
+
+    def relay(sender: str, kind: str) -> None:  # the aggregator: ciphertexts and its context
+        net = held.get("net")
+        if net is None:
+            raise ConfigError(f"{name} got a {kind} message from {sender} before the coordinator's hello")
+        net.aggregation.relay(net, net.receive(me, kind=kind, sender=sender))
+
+    server.on_call = on_call
+    log(f"{name} listening on {transport.local.address} as {me}; waiting for {federation.label_party}")
+    try:
+        server.serve(on_message=relay if me == AGGREGATOR else None)
+        log(f"{name}: the run is over; stopping")
+    finally:
+        transport.close()
+
+
+# -- the label party: the coordinator ----------------------------------------------------------------------------
+def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, resume: Path | None,
+               timeouts: Timeouts, log: Callable[[str], None], progress: bool = False) -> dict[str, Any]:
+    """Train with the feature parties of ``federation`` in their own processes; returns the summary."""
+    from secvfl.runner import build_run, run_training
+
+    _refuse_data_files(federation)
+    if resume is None:  # a resumed run's settings are its own (checked once read, in build)
+        _check_federation(federation, cfg)
+    runs = run_names(federation)
+    me = runs[federation.label_party]
+    transport = make_transport(federation, federation.label_party, timeouts, log)
+    link = PartyLink(transport, me)
+    remote = [runs[p.name] for p in federation.feature_parties]
+    helpers = [AGGREGATOR] if federation.aggregator is not None else []  # parties without a handle
+    started: list[str] = []
+
+    def build(cfg: TrainConfig) -> Any:
+        _check_federation(federation, cfg)
+        run = build_run(cfg)
+        check_across_processes(run, federation)
+        t0 = time.perf_counter()
+        for party in remote + helpers:  # each builds the same run from the same settings, keeping only its own
+            link.call(party, HELLO, (cfg.to_dict(),), timeout=timeouts.wait)
+            started.append(party)
+        log(f"{federation.label_party}: {len(remote + helpers)} parties ready in {time.perf_counter() - t0:.1f} s")
+        swapped = swap_remote_handles(run.algorithm, me,
+                                      lambda h: RemoteHandle(h.name, type(h), link))
+        if sorted(swapped) != sorted(remote):
+            raise SecvflError(f"{cfg.algo}: its handles are {swapped}, the federation's feature parties {remote}")
+        transport.waited_seconds = 0.0  # from here on: the run's own waits, not the parties' start-up
+        transport.stats = FederatedStats(lambda: [link.call(p, STATS) for p in remote + helpers])
+        run.net.transport = transport
+        run.net.local = me
+        run.net.epoch_listeners.append(
+            lambda epoch: [link.call(p, START_EPOCH, (epoch,), reply=False) for p in remote + helpers])
+        for party in helpers:  # checkpointed by the party itself, like the others (their handles do it for them)
+            run.net.remote_states[party] = (lambda p=party: link.call(p, SAVE),
+                                            lambda record, p=party: link.call(p, LOAD, (record,)))
+        return run
+
+    def extra() -> dict[str, Any]:
+        return {"control": transport.control_stats.to_dict(),
+                "deployment": {"transport": "grpc+mtls", "federation": federation.name,
+                               "parties": {p.name: str(p.address) for p in federation.parties},
+                               # the coordinator's time blocked on messages and answers (the rest is its own work)
+                               "coordinator_wait_seconds": round(transport.waited_seconds, 3),
+                               "frame_bytes_sent_and_received": transport.wire_stats.bytes_total}}
+
+    try:
+        return run_training(cfg, out, resume=resume, progress=progress, log=log, build=build, summary_extra=extra)
+    finally:
+        for party in started:
+            try:
+                link.call(party, STOP, timeout=min(10.0, timeouts.wait))
+            except (PartyLost, SecvflError):
+                pass  # it is gone already; nothing of it is waited for
+        transport.close()
+
+
+def stderr_log(prefix: str) -> Callable[[str], None]:
+    def log(text: str) -> None:
+        print(f"[{prefix}] {text}" if prefix else text, file=sys.stderr, flush=True)
+
+    return log

@@ -1,0 +1,332 @@
+"""Parties in separate processes over gRPC with mutual TLS (issue 18).
+
+Fast tests run two transports in this process on 127.0.0.1 (chunking, counting, refusals, failure detection,
+the request codec); the slow ones start real party processes with ``secvfl launch`` and check that a run gives the
+in-process run's metrics and byte counts, and that a party killed mid-run stops the others with a clear error and
+the run resumes to the uninterrupted result. Every server listens on 127.0.0.1 only, every wait is bounded, and
+every process started here is stopped by its process id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from secvfl.algorithms.missing.baselines import PredictorSpec
+from secvfl.certs import issue_certificates, write_certificates
+from secvfl.config import TrainConfig
+from secvfl.deploy.calls import call_message, read_call, read_result, result_message
+from secvfl.deploy.party import Timeouts, coordinate, run_names
+from secvfl.errors import MessageError, ProtocolError, UnsupportedError
+from secvfl.federation import load_federation, verify_peer_certificate
+from secvfl.messages import decode, encode
+from secvfl.transport.grpc_link import CHUNK_BYTES, GrpcTransport, PartyLost, PeerAddress, TlsFiles
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _federation(folder: Path, features: int = 2, *, name: str = "demo", aggregator: bool = False) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    names = ["label", *[f"party{i}" for i in range(features)], *(["adder"] if aggregator else [])]
+    ports = _free_ports(len(names))
+    text = f'[federation]\nname = "{name}"\nlabel_party = "label"\n' + ('aggregator = "adder"\n' if aggregator else "")
+    for n, port in zip(names, ports, strict=True):
+        text += f'[parties.{n}]\naddress = "127.0.0.1:{port}"\n'
+    path = folder / "federation.toml"
+    path.write_text(text)
+    write_certificates(issue_certificates(load_federation(path)))
+    return path
+
+
+def _transport(fed_path: Path, name: str, *, as_name: str | None = None, tls_of: str | None = None,
+               peer_timeout: float = 3.0, timeout: float = 10.0) -> GrpcTransport:
+    """Party ``name``'s transport; ``as_name``: the certificate name it claims, ``tls_of``: whose files it uses."""
+    fed = load_federation(fed_path)
+    runs = run_names(fed)
+    addresses = {p.name: PeerAddress(runs[p.name], p.name, str(p.address)) for p in fed.parties}
+    me = addresses[name]
+    if as_name is not None:
+        me = PeerAddress(runs[as_name], as_name, me.address)
+    spec = fed.party(tls_of or name)
+    peers = {a.name: a for n, a in addresses.items() if n != (as_name or name)}
+    return GrpcTransport(me, peers, TlsFiles(fed.ca, spec.cert, spec.key),
+                         verify=lambda cert_name, pem: verify_peer_certificate(fed, cert_name, pem),
+                         timeout=timeout, heartbeat=0.2, peer_timeout=peer_timeout)
+
+
+def test_messages_of_any_size_cross_in_order_and_are_counted_once(tmp_path: Path) -> None:
+    fed = _federation(tmp_path)
+    label, party = _transport(fed, "label"), _transport(fed, "party0")
+    try:
+        rng = np.random.default_rng(0)
+        sizes = [0, 1, CHUNK_BYTES - 1, CHUNK_BYTES, CHUNK_BYTES + 1, 3 * CHUNK_BYTES + 17]
+        sent = [rng.bytes(n) for n in sizes]
+        for i, data in enumerate(sent):
+            party.put("party0", "label", f"k{i}", data)
+        got = [label.take("label", sender="party0") for _ in sizes]
+        assert got == sent  # in order, byte for byte, whatever the number of chunks
+        assert party.stats.bytes_total == sum(sizes) and party.stats.messages_total == len(sizes)
+        assert label.stats.bytes_total == 0  # each message is counted once, by its sender
+        chunks = sum(max(1, -(-n // CHUNK_BYTES)) for n in sizes)
+        framing = party.wire_stats.bytes_by_link["party0->label"] - sum(sizes)
+        assert 0 < framing <= chunks * 64  # a small header per chunk, nothing else added
+        with pytest.raises(MessageError, match="cannot send for label"):
+            party.put("label", "party0", "x", b"")
+    finally:
+        party.close(0.5)
+        label.close(0.5)
+
+
+def test_a_party_with_a_certificate_of_another_ca_is_refused(tmp_path: Path) -> None:
+    fed = _federation(tmp_path / "a")
+    other = tmp_path / "b"
+    other.mkdir()
+    (other / "federation.toml").write_text(fed.read_text())
+    write_certificates(issue_certificates(load_federation(other / "federation.toml")))  # same names, another CA
+    label = _transport(fed, "label")
+    intruder = _transport(other / "federation.toml", "party0")
+    try:
+        with pytest.raises(ProtocolError, match="TLS with party label .* failed"):
+            intruder.put("party0", "label", "embedding", b"x" * 100)
+        assert label.pending() == 0
+    finally:
+        intruder.close(0.5)
+        label.close(0.5)
+
+
+def test_a_party_presenting_another_party_s_certificate_is_refused(tmp_path: Path) -> None:
+    fed = _federation(tmp_path)
+    label = _transport(fed, "label")
+    # party1's own valid certificate, used to speak as party0
+    impostor = _transport(fed, "party1", as_name="party0", tls_of="party1")
+    try:
+        with pytest.raises(ProtocolError, match="refused party0: peer 'party0': certificate belongs to party "
+                                                "'party1', not 'party0'"):
+            impostor.put("party0", "label", "embedding", b"x")
+        assert label.pending() == 0
+    finally:
+        impostor.close(0.5)
+        label.close(0.5)
+
+
+def test_a_server_answering_with_another_party_s_certificate_is_refused(tmp_path: Path) -> None:
+    fed = _federation(tmp_path)
+    fake_label = _transport(fed, "label", tls_of="party1")  # listens at label's address with party1's certificate
+    party = _transport(fed, "party0")
+    try:
+        with pytest.raises(ProtocolError, match="TLS with party label"):
+            party.put("party0", "label", "embedding", b"x")
+        assert fake_label.pending() == 0
+    finally:
+        party.close(0.5)
+        fake_label.close(0.5)
+
+
+_PEER_SCRIPT = """
+import sys, os, time
+sys.path.insert(0, {tests!r})
+from test_deploy import _transport
+from pathlib import Path
+t = _transport(Path({fed!r}), "party0")
+t.put("party0", "label", "embedding", b"hello")
+time.sleep({sleep})
+os._exit(0)  # no goodbye: as if killed
+"""
+
+
+@pytest.mark.parametrize("sleep", [0.3, 1.5])
+def test_a_peer_that_dies_is_detected_and_named_within_the_timeout(tmp_path: Path, sleep: float) -> None:
+    fed = _federation(tmp_path)
+    label = _transport(fed, "label", peer_timeout=3.0, timeout=30.0)
+    script = _PEER_SCRIPT.format(tests=str(Path(__file__).parent), fed=str(fed), sleep=sleep)
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    try:
+        assert label.take("label", sender="party0", timeout=30) == b"hello"
+        t0 = time.monotonic()
+        with pytest.raises(PartyLost, match="party party0 is gone: .*restart it and continue every party with"):
+            label.take("label", sender="party0", timeout=30)
+        assert time.monotonic() - t0 < 3.0 + sleep + 2.0  # within the peer timeout, not the 30 s wait
+    finally:
+        proc.wait(timeout=30)
+        label.close(0.5)
+
+
+def test_waits_are_bounded(tmp_path: Path) -> None:
+    fed = _federation(tmp_path)
+    label = _transport(fed, "label", timeout=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PartyLost, match="no answer at 127.0.0.1:"):
+            label.put("label", "party0", "x", b"")  # party0 never started
+        with pytest.raises(PartyLost, match="waited 0.3 s for a gradient message from party0"):
+            label.take("label", kind="gradient", sender="party0", timeout=0.3)
+        assert time.monotonic() - t0 < 10
+    finally:
+        label.close(0.5)
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4) | st.integers(0, 9), inner, max_size=3),
+    max_leaves=12)
+
+
+def _same(a, b) -> bool:  # noqa: ANN001
+    if isinstance(a, float) and np.isnan(a):
+        return isinstance(b, float) and np.isnan(b)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@settings(max_examples=150, deadline=None)
+@given(_VALUES)
+def test_request_values_cross_as_plain_data(value) -> None:  # noqa: ANN001
+    wire = encode(result_message("party0", "label", 7, value))
+    assert _same(read_result(decode(wire)), value)
+
+
+def test_a_request_carries_arrays_tensors_and_specs_and_nothing_else() -> None:
+    ids = np.array([5, 1, 9], dtype=np.int64)
+    scale = torch.tensor([0.5, 1.0], dtype=torch.float64)
+    spec = PredictorSpec(members=(0, 2), holder=2)
+    wire = encode(call_message("label", "party0", 3, "forward", (1, "train", ids), {"scale": scale, "spec": spec},
+                               reply=False))
+    method, args, kwargs, reply = read_call(decode(wire))
+    assert (method, reply) == ("forward", False)
+    assert args[:2] == [1, "train"] and args[2].dtype == np.int64 and args[2].tolist() == [5, 1, 9]
+    assert torch.equal(kwargs["scale"], scale) and kwargs["spec"] == spec
+    with pytest.raises(MessageError, match="a PosixPath cannot cross a party boundary"):
+        call_message("label", "party0", 4, "x", (Path("/etc"),), {}, reply=True)
+    with pytest.raises(MessageError, match="cannot cross"):
+        call_message("label", "party0", 4, "x", (torch.nn.Linear(2, 2),), {}, reply=True)
+
+
+def test_protocols_not_yet_verified_across_processes_are_refused_before_training(tmp_path: Path) -> None:
+    fed = load_federation(_federation(tmp_path, 3))
+    cfg = TrainConfig(algo="vafl", dataset="wine", parties=3, epochs=1, options={"secure_channel": True})
+    with pytest.raises(UnsupportedError, match="cannot run the secure-channel layer .*run it in one process"):
+        coordinate(fed, cfg, out=None, resume=None, timeouts=Timeouts(wait=5), log=lambda _: None)
+    with pytest.raises(Exception, match="--parties 2, but federation 'demo' has 3 feature parties; set --parties 3"):
+        coordinate(fed, TrainConfig(dataset="wine", parties=2, epochs=1), out=None, resume=None,
+                   timeouts=Timeouts(wait=5), log=lambda _: None)
+
+
+# -- real party processes -----------------------------------------------------------------------------------------
+def _launch(fed: Path, out: Path, *args: str, resume: bool = False, timeout: float = 400) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed),
+           "--resume" if resume else "--out", str(out), "--threads", "1", "--party-timeout", "60", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _in_process(tmp: Path, *args: str) -> dict:
+    from secvfl.cli.main import main
+
+    assert main(["train", "--out", str(tmp / "inproc"), "--no-progress", "--threads", "1", *args]) == 0
+    return json.loads((tmp / "inproc" / "summary.json").read_text())
+
+
+_EQUIVALENT = [
+    pytest.param(("--algo", "splitnn", "--dataset", "digits", "--epochs", "2"), id="splitnn"),
+    pytest.param(("--algo", "vafl", "--dataset", "digits", "--epochs", "2"), id="vafl"),
+    pytest.param(("--algo", "laser", "--dataset", "digits", "--epochs", "2"), id="laser"),
+    pytest.param(("--algo", "eg", "--dataset", "breast_cancer", "--epochs", "2"), id="eg"),
+    pytest.param(("--algo", "vafl", "--dataset", "digits", "--epochs", "2", "--secagg", "mask"), id="vafl-mask"),
+    pytest.param(("--algo", "vafl", "--dataset", "digits", "--epochs", "2", "--he", "ckks"), id="vafl-ckks"),
+    pytest.param(("--algo", "splitnn", "--dataset", "digits", "--epochs", "2", "--compress", "topk:0.1+ef"),
+                 id="splitnn-compress-ef"),
+    pytest.param(("--algo", "eg", "--dataset", "breast_cancer", "--epochs", "2", "--compress", "randk:0.1+ef"),
+                 id="eg-randk"),
+    pytest.param(("--algo", "splitnn", "--dataset", "digits", "--epochs", "2", "--privacy", "dp", "--epsilon", "3",
+                  "--dp-reproducible"), id="splitnn-label-dp"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", _EQUIVALENT)
+def test_a_launched_federation_gives_the_in_process_metrics_and_bytes(tmp_path: Path, args: tuple[str, ...]
+                                                                      ) -> None:
+    ckks = "ckks" in args
+    fed = _federation(tmp_path / "fed", 4, aggregator=ckks)
+    common = ("--parties", "4", "--seed", "3", *args)
+    done = _launch(fed, tmp_path / "run", *common)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads((tmp_path / "run" / "label" / "summary.json").read_text())
+    expected = _in_process(tmp_path, *common)
+    for key, value in expected["metrics"]["test"].items():  # CKKS adds fresh encryption noise to every sum
+        assert got["metrics"]["test"][key] == pytest.approx(value, rel=1e-9, abs=1e-4 if ckks else 1e-12), key
+    if ckks:  # the same messages; a serialised ciphertext's size varies by a few bytes from one encryption to the next
+        assert got["comm"]["messages_by_kind"] == expected["comm"]["messages_by_kind"]
+        assert got["comm"]["bytes_total"] == pytest.approx(expected["comm"]["bytes_total"], rel=1e-3)
+        assert got["he"]["sums_delivered"] == expected["he"]["sums_delivered"] > 0
+    else:
+        assert got["comm"] == expected["comm"]  # every byte and message, per party, kind and link
+    assert got["control"]["bytes_total"] > 0 and got["deployment"]["transport"] == "grpc+mtls"
+    for i in range(4):  # each feature party kept its own state, in its own directory
+        assert list((tmp_path / "run" / f"party{i}").glob("state-*.pt"))
+
+
+@pytest.mark.slow
+def test_a_party_killed_mid_run_stops_the_run_with_its_name_and_the_run_resumes_to_the_same_result(
+        tmp_path: Path) -> None:
+    fed = _federation(tmp_path / "fed", 3)
+    common = ("--algo", "splitnn", "--dataset", "digits", "--parties", "3", "--epochs", "4", "--batch-size", "8",
+              "--seed", "1")
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed), "--out", str(run),
+           "--threads", "1", "--party-timeout", "60", "--peer-timeout", "5", *common]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        latest = run / "label" / "checkpoints" / "latest.json"
+        while not latest.exists():  # the first epoch is checkpointed: kill party1 in the second
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.05)
+        victim = subprocess.run(["pgrep", "-f", f"party --name party1 --out {run}/party1"], capture_output=True,
+                                text=True, timeout=10).stdout.split()
+        assert len(victim) == 1, victim
+        killed_at = time.monotonic()
+        os.kill(int(victim[0]), signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        stopped_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode != 0
+    assert "party party1 is gone" in err, err[-3000:]
+    assert stopped_after < 5 + 15  # the peer timeout and the launcher's stop, not the 60 s party timeout
+    assert not (run / "label" / "summary.json").exists()
+
+    resumed = _launch(fed, run, resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got = json.loads((run / "label" / "summary.json").read_text())
+    uninterrupted = _launch(fed, tmp_path / "whole", *common)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    expected = json.loads((tmp_path / "whole" / "label" / "summary.json").read_text())
+    assert got["metrics"]["test"] == pytest.approx(expected["metrics"]["test"], rel=1e-9)
+    assert got["comm"] == expected["comm"]
