@@ -546,6 +546,7 @@ class CKKSAggregation(SecureSumAggregation):
         self._released: dict[tuple[Any, ...], _Release] = {}
         self.sums_delivered = 0
         self.ciphertexts_added = 0
+        self.params_choice: str | None = None  # how --ckks-params chose them (summary.json)
 
     # -- contract ------------------------------------------------------------------------------------------
     def _refusal(self, traits: AlgorithmTraits) -> str:
@@ -605,6 +606,7 @@ class CKKSAggregation(SecureSumAggregation):
                 "trust": ("semi-honest; an honest aggregator (it forwards only the sum of every ciphertext, which "
                           "is not checked); the aggregator and the label party do not collude"),
                 "encryption_workers": self.workers,
+                **({"params_choice": self.params_choice} if self.params_choice else {}),
                 "sums_delivered": self.sums_delivered,
                 # the label party in its own process does not see the aggregator's additions
                 "ciphertexts_added": self.ciphertexts_added if not self._handed_out else "in the aggregator's process",
@@ -962,7 +964,7 @@ class CKKSOptions(Options):
            "GIL, so threads cannot); 0 = all in the training process; on 2 cores use 1. Each costs a Python start-up "
            "(a few seconds) once per run", metavar="N", check=(lambda n: n >= 0, "a non-negative integer"))
     ckks_params: str = option(
-        "default", "CKKS parameters: default (8192:60,40,40,60:40), compact (8192:60,60:40: smaller public key, same "
+        "auto", "CKKS parameters: auto (small when one training message of a party fits one N = 4096 ciphertext, i.e. batch size x width <= 4096, else default), default (8192:60,40,40,60:40), compact (8192:60,60:40: smaller public key, same "
                    "ciphertexts: both are sent under the first prime only, which addition needs), small "
                    "(4096:60,49:40: half the bytes per step when a party's message has at most 4096 floats, e.g. "
                    "batches of 64 x 16) or N:PRIME_BITS:SCALE_BITS; checked for 128-bit security and precision",
@@ -979,10 +981,18 @@ class CKKSPlugin(ProtocolPlugin):
     def configure(self, cfg: TrainConfig, traits: AlgorithmTraits, ctx: RunContext) -> ProtocolSetup | None:
         o = cfg.options_for(CKKSOptions)
         if o.he == "none":
-            if o.ckks_params != "default" or o.ckks_workers:
+            if o.ckks_params != "auto" or o.ckks_workers:
                 raise UnsupportedError("--ckks-params and --ckks-workers only apply with --he ckks")
             return None
-        aggregation = CKKSAggregation(o.ckks_params, workers=o.ckks_workers)
+        spec, why = o.ckks_params, "given"
+        if spec == "auto":
+            # a party's training message is batch x (embedding width or class count); under N = 4096 one ciphertext
+            # of half the bytes carries it (larger ones cost the default's bytes per float within 4 %)
+            floats = cfg.batch_size * max(cfg.embedding_dim, ctx.data.n_classes)
+            spec = "small" if floats <= PRESETS["small"].floats_per_ciphertext else "default"
+            why = f"auto: a training message has up to {floats} floats"
+        aggregation = CKKSAggregation(spec, workers=o.ckks_workers)
+        aggregation.params_choice = f"{spec} ({why})"
         problems = aggregation.check(traits)
         if problems:
             raise UnsupportedError("; ".join(problems))
