@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from secvfl.algorithms.missing.baselines import PredictorSpec
 from secvfl.certs import issue_certificates, write_certificates
 from secvfl.config import TrainConfig
 from secvfl.deploy.calls import call_message, read_call, read_result, result_message
+from secvfl.deploy.loopback import loopback_federation
 from secvfl.deploy.party import Timeouts, coordinate, run_names
 from secvfl.errors import MessageError, ProtocolError, UnsupportedError
 from secvfl.federation import load_federation, verify_peer_certificate
@@ -35,28 +35,8 @@ from secvfl.messages import decode, encode
 from secvfl.transport.grpc_link import CHUNK_BYTES, GrpcTransport, PartyLost, PeerAddress, TlsFiles
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _federation(folder: Path, features: int = 2, *, name: str = "demo", aggregator: bool = False) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    names = ["label", *[f"party{i}" for i in range(features)], *(["adder"] if aggregator else [])]
-    ports = _free_ports(len(names))
-    text = f'[federation]\nname = "{name}"\nlabel_party = "label"\n' + ('aggregator = "adder"\n' if aggregator else "")
-    for n, port in zip(names, ports, strict=True):
-        text += f'[parties.{n}]\naddress = "127.0.0.1:{port}"\n'
-    path = folder / "federation.toml"
-    path.write_text(text)
-    write_certificates(issue_certificates(load_federation(path)))
-    return path
+def _federation(folder: Path, features: int = 2, *, aggregator: bool = False) -> Path:
+    return loopback_federation(folder, features, aggregator=aggregator)
 
 
 def _transport(fed_path: Path, name: str, *, as_name: str | None = None, tls_of: str | None = None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,20 +21,10 @@ from pathlib import Path
 
 from secvfl.bench.common import fix_threads, machine
 from secvfl.cli.registries import BENCHES
+from secvfl.deploy.loopback import loopback_federation
 from secvfl.errors import ConfigError
 
 __all__ = ["TransportBench"]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _loopback_bytes() -> int | None:
@@ -47,19 +36,6 @@ def _loopback_bytes() -> int | None:
     except OSError:
         return None
     return None
-
-
-def _federation(folder: Path, parties: int) -> Path:
-    from secvfl.certs import issue_certificates, write_certificates
-    from secvfl.federation import load_federation
-
-    names = ["label", *[f"party{i}" for i in range(parties)]]
-    text = '[federation]\nname = "bench"\nlabel_party = "label"\n' + "".join(
-        f'[parties.{n}]\naddress = "127.0.0.1:{p}"\n' for n, p in zip(names, _free_ports(len(names)), strict=True))
-    path = folder / "federation.toml"
-    path.write_text(text)
-    write_certificates(issue_certificates(load_federation(path)))
-    return path
 
 
 @BENCHES.register("transport")
@@ -80,7 +56,7 @@ class TransportBench:
             raise ConfigError("--repeats and --epochs must be at least 1")
         results = {}
         with tempfile.TemporaryDirectory(prefix="secvfl-bench-transport-") as tmp:
-            fed = _federation(Path(tmp), args.parties)
+            fed = loopback_federation(Path(tmp), args.parties, name="bench")
             for dataset in args.datasets:
                 flags = ["--algo", "splitnn", "--dataset", dataset, "--parties", str(args.parties), "--epochs",
                          str(args.epochs), "--seed", "0", "--threads", "1"]
