@@ -62,6 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.set_defaults(func=run_launch, _parser=q)
 
 
+def _one_run_dir(args: argparse.Namespace) -> None:
+    if args.out is not None and args.resume is not None:
+        raise ConfigError("--out and --resume exclude each other: a resumed run continues in its own directory")
+
+
 def _timeouts(args: argparse.Namespace):  # noqa: ANN202
     from secvfl.deploy.party import Timeouts
 
@@ -77,8 +82,7 @@ def run_party(args: argparse.Namespace) -> int:
     timeouts = _timeouts(args)
     argv = args._argv
     given = _given(args._parser, argv[argv.index("party") + 1:])
-    if args.out is not None and args.resume is not None:
-        raise ConfigError("--out and --resume exclude each other: a resumed party continues in its own directory")
+    _one_run_dir(args)
     if args.name != federation.label_party:
         extra = sorted(given - _PARTY_ONLY)
         if extra:
@@ -122,8 +126,7 @@ def run_launch(args: argparse.Namespace) -> int:
     _timeouts(args)
     argv = args._argv
     rest = argv[argv.index("launch") + 1:]
-    if args.out is not None and args.resume is not None:
-        raise ConfigError("--out and --resume exclude each other: a resumed launch continues in its own directory")
+    _one_run_dir(args)
     base = args.resume or args.out or Path("runs") / f"{federation.name.replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
     train_flags = _strip(rest, {"--out", "--resume"}, {"--no-progress"})
     party_flags = _keep(rest, {"--federation", "--party-timeout", "--peer-timeout", "--heartbeat", "--data-dir"})

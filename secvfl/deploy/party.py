@@ -94,7 +94,7 @@ def make_transport(federation: Federation, name: str, timeouts: Timeouts, log: C
 def check_across_processes(run: Any, federation: Federation) -> None:
     """Refuse, before training, what this deployment cannot run with parties in separate processes."""
     problems = []
-    aggregators = [p for p, role in run.net.topology.roles.items() if role == Role.AGGREGATOR]
+    aggregators = run.net.topology.parties(Role.AGGREGATOR)
     if aggregators and aggregators != [AGGREGATOR]:
         problems.append(f"an aggregator named {aggregators} (the federation's aggregator runs as {AGGREGATOR!r})")
     if aggregators and AGGREGATOR not in run_names(federation).values():
@@ -106,7 +106,7 @@ def check_across_processes(run: Any, federation: Federation) -> None:
     for layer in run.net.layers:
         why = layer.across_processes()
         if why is not None:
-            problems.append(f"the {getattr(layer, 'name', type(layer).__name__)} layer ({why})")
+            problems.append(f"the {layer.name} layer ({why})")
     if problems:
         raise UnsupportedError("parties in separate processes cannot run " + "; ".join(problems) +
                                "; run it in one process (`secvfl train`), or drop those protocols")

@@ -35,7 +35,7 @@ import queue
 import struct
 import threading
 import time
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
@@ -440,17 +440,6 @@ class GrpcTransport(Transport):
         with self._arrived:
             return len(self._inbox)
 
-    def forget(self, party: str) -> None:
-        """Stop waiting on ``party``: drop what is known of its failure (it rejoins with a fresh connection)."""
-        with self._arrived:
-            self._gone.pop(party, None)
-            self._failed.pop(party, None)
-            self._last_seen.pop(party, None)
-        with self._out_lock:
-            link = self._outgoing.pop(party, None)
-        if link is not None:
-            link.close(wait=0.5)
-
     def close(self, grace: float = 2.0) -> None:
         """Say goodbye on every stream, then stop the server (bounded by ``grace`` seconds per step)."""
         self._closed = True
@@ -459,12 +448,3 @@ class GrpcTransport(Transport):
         for link in links:
             link.close(wait=grace)
         self._server.stop(grace).wait(grace)
-
-    def received_by(self) -> dict[str, int]:
-        """Frame bytes received from each peer so far (for the transport benchmark)."""
-        out: dict[str, int] = defaultdict(int)
-        for link, n in self.wire_stats.bytes_by_link.items():
-            sender, _, receiver = link.partition("->")
-            if receiver == self.local.name:
-                out[sender] += n
-        return dict(out)
