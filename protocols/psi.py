@@ -47,7 +47,7 @@ from secvfl.messages import Message, register_kind
 from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
-__all__ = ["PsiParty", "Alignment", "align", "hash_to_curve", "POINTS_KIND", "REBLINDED_KIND"]
+__all__ = ["PsiParty", "Alignment", "align", "align_with_peers", "hash_to_curve", "POINTS_KIND", "REBLINDED_KIND"]
 
 POINTS_KIND = register_kind("psi-points")  # round 1: own ids blinded with own scalar
 REBLINDED_KIND = register_kind("psi-reblinded")  # round 2: the peer's points raised to own scalar, same order
@@ -236,3 +236,17 @@ def align(
         learned={f: list(parties[f].learned[label_party]) for f in features},
         set_sizes={p: len(parties[p].ids) for p in parties},
     )
+
+
+def align_with_peers(net: Network, me: str, peers: Sequence[str], ids: Iterable[str]) -> dict[str, list[str]]:
+    """Party ``me``'s side of ECDH-PSI with each of ``peers``, each of which runs its own side in its own process
+    (secvfl.deploy): the same two rounds as :func:`align`, through ``net``. Returns, per peer, ``me``'s ids that the
+    peer also holds, in ``me``'s input order. A feature party passes its one peer, the label party."""
+    party = PsiParty(me, ids)
+    for peer in peers:
+        net.send(party.points_for(peer))
+    for peer in peers:
+        net.send(party.reblind(net.receive(me, kind=POINTS_KIND, sender=peer)))
+    for peer in peers:
+        party.finish(net.receive(me, kind=REBLINDED_KIND, sender=peer))
+    return {peer: party.learned[peer] for peer in peers}

@@ -34,6 +34,7 @@ from secvfl.algorithms.base import Algorithm, RunContext
 from secvfl.checkpoint import discard_after, latest_epoch, load_checkpoint, save_checkpoint
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, block_miss_probabilities, draw_masks, load_dataset, make_partition
+from secvfl.data.partition import Partition
 from secvfl.errors import ConfigError, TrainingDiverged
 from secvfl.io import write_json_atomic, write_text_atomic
 from secvfl.plugins import ProtocolSetup, configure_protocols
@@ -108,14 +109,21 @@ class Run:
     setups: list[ProtocolSetup]
 
 
-def build_run(cfg: TrainConfig) -> Run:
-    """Load data, draw masks, assemble the protocol stack and build the algorithm's parties (no training)."""
+def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = None) -> Run:
+    """Load data, draw masks, assemble the protocol stack and build the algorithm's parties (no training).
+
+    ``prepared``: the data and its partition, instead of loading ``cfg.dataset`` (a deployed party whose columns
+    come from its own file, secvfl.deploy.data)."""
     limit_threads(cfg.threads)
     _seed_everything(cfg.seed)
     algo_cls = get_algorithm(cfg.algo)
-    data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, val_fraction=cfg.val_fraction,
-                        nan_policy=cfg.nan_policy)
-    partition = make_partition(data.n_features, cfg.parties, image_shape=data.image_shape, image_split=cfg.image_split)
+    if prepared is None:
+        data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, val_fraction=cfg.val_fraction,
+                            nan_policy=cfg.nan_policy)
+        partition = make_partition(data.n_features, cfg.parties, image_shape=data.image_shape,
+                                   image_split=cfg.image_split)
+    else:
+        data, partition = prepared
     data, masks, notes = _masks(data, cfg, partition.n_blocks)
     data.notes.extend(notes)
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32

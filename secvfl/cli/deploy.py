@@ -74,6 +74,7 @@ def _timeouts(args: argparse.Namespace):  # noqa: ANN202
 
 
 def run_party(args: argparse.Namespace) -> int:
+    from protocols.psi import align_with_peers
     from secvfl.deploy.party import coordinate, serve_party, stderr_log
     from secvfl.federation import load_federation
 
@@ -94,8 +95,8 @@ def run_party(args: argparse.Namespace) -> int:
         if state_dir is None:
             raise ConfigError(f"party {args.name} needs --out DIR (where it keeps its state) or --resume DIR")
         serve_party(federation, args.name, state_dir=Path(state_dir),
-                            data_dir=args.data_dir if "data_dir" in given else None, timeouts=timeouts,
-                            log=stderr_log(""))
+                    data_dir=args.data_dir if "data_dir" in given else None, timeouts=timeouts,
+                    log=stderr_log(""), align_ids=align_with_peers)
         return 0
     cfg = config_from_args(argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in _PARTY_ONLY - {
         "data_dir", "out", "resume", "no_progress"}}))
@@ -105,7 +106,7 @@ def run_party(args: argparse.Namespace) -> int:
 
         out = default_run_dir(cfg)
     coordinate(federation, cfg, out=out, resume=args.resume, timeouts=timeouts, log=stderr_log(""),
-               progress=not args.no_progress)
+               progress=not args.no_progress, align_ids=align_with_peers)
     return 0
 
 

@@ -13,7 +13,7 @@ from secvfl.data.dataset import RawData
 from secvfl.data.files import READ_ERRORS, check_readable_file, describe_read_error
 from secvfl.errors import DataError
 
-__all__ = ["load_csv", "MISSING_TOKENS"]
+__all__ = ["load_csv", "MISSING_TOKENS", "encode_column", "encode_labels", "read_csv_rows"]
 
 MISSING_TOKENS = frozenset({"", "?", "na", "n/a", "nan", "null", "none", "-"})
 _ID_NAMES = frozenset({"id", "ids", "index", "row_id", "customer_id", "client_id"})
@@ -35,6 +35,61 @@ def _is_number(s: str) -> bool:
         return False
 
 
+def read_csv_rows(path: Path) -> tuple[list[list[str]], list[int]]:
+    """The non-empty rows of a CSV file (gzip read transparently) and each row's line number in the file."""
+    rows: list[list[str]] = []
+    lines: list[int] = []  # blank lines are skipped
+    try:
+        with _open_text(path) as fh:
+            reader = csv.reader(fh)
+            for r in reader:
+                if r:
+                    rows.append(r)
+                    lines.append(reader.line_num)
+    except (*READ_ERRORS, csv.Error) as exc:
+        raise DataError(f"cannot read {path} as CSV (gzip is read transparently): {describe_read_error(exc)}") from None
+    return rows, lines
+
+
+def encode_column(name: str, values: list[str], file_name: str, lines: list[int]) -> tuple[np.ndarray, list[str]]:
+    """One CSV column as features: numbers (cells in :data:`MISSING_TOKENS` become NaN), or one-hot categories
+    (sorted; a missing cell is NaN in every category). ``lines`` gives each value's line in the file, for errors."""
+    is_missing = np.array([v.lower() in MISSING_TOKENS for v in values])
+    present = [v for v, m in zip(values, is_missing, strict=True) if not m]
+    if all(_is_number(v) for v in present):
+        arr = np.array([float(v) if not m else np.nan for v, m in zip(values, is_missing, strict=True)])
+        if np.isinf(arr).any():
+            r = int(np.flatnonzero(np.isinf(arr))[0])
+            raise DataError(
+                f"{file_name} line {lines[r]}: column {name!r} holds {values[r]!r}, an infinite number; "
+                "features must be finite (write a missing cell as empty or NA)"
+            )
+        return arr[:, None], [name]
+    cats = sorted(set(present))
+    onehot = np.zeros((len(values), len(cats)))
+    index = {c: k for k, c in enumerate(cats)}
+    for r, (v, m) in enumerate(zip(values, is_missing, strict=True)):
+        if m:
+            onehot[r, :] = np.nan
+        else:
+            onehot[r, index[v]] = 1.0
+    return onehot, [f"{name}={c}" for c in cats]
+
+
+def encode_labels(values: list[str], column: str) -> tuple[np.ndarray, list[str]]:
+    """Class indices of label cells (none missing): classes sorted, numbers first and by value."""
+    classes = sorted(set(values), key=lambda v: (not _is_number(v), float(v) if _is_number(v) else 0.0, v))
+    if len(classes) < 2:
+        raise DataError(f"label column {column!r} has a single value {classes}; need at least two classes")
+    if len(classes) > max(100, len(values) // 10):
+        raise DataError(
+            f"label column {column!r} has {len(classes)} distinct values: it looks continuous or like an id, "
+            "not a class label; choose another column with csv:PATH:LABEL"
+        )
+    index = {c: k for k, c in enumerate(classes)}
+    return np.array([index[v] for v in values], dtype=np.int64), classes
+
+
 def load_csv(
     path: str | Path,
     label: str | None = None,
@@ -53,17 +108,7 @@ def load_csv(
     """
     path = Path(path)
     check_readable_file(path, "CSV file", "csv:PATH[:LABEL]")
-    rows: list[list[str]] = []
-    lines: list[int] = []  # the file's line number of each row (blank lines are skipped)
-    try:
-        with _open_text(path) as fh:
-            reader = csv.reader(fh)
-            for r in reader:
-                if r:
-                    rows.append(r)
-                    lines.append(reader.line_num)
-    except (*READ_ERRORS, csv.Error) as exc:
-        raise DataError(f"cannot read {path} as CSV (gzip is read transparently): {describe_read_error(exc)}") from None
+    rows, lines = read_csv_rows(path)
     if len(rows) < 2:
         raise DataError(f"{path} has {len(rows)} non-empty line(s); a CSV dataset needs a line per sample (and "
                         "optionally a header line)")
@@ -124,33 +169,12 @@ def load_csv(
         if nm in drop_columns:
             dropped.append(nm)
             continue
-        is_missing = np.array([v.lower() in MISSING_TOKENS for v in vals])
-        present = [v for v, m in zip(vals, is_missing, strict=True) if not m]
-        numeric = all(_is_number(v) for v in present)
         if drop_id_columns and nm.lower() in _ID_NAMES and len(set(vals)) == len(vals):
             dropped.append(nm)
             continue
-        if numeric:
-            arr = np.array([float(v) if not m else np.nan for v, m in zip(vals, is_missing, strict=True)])
-            if np.isinf(arr).any():
-                r = int(np.flatnonzero(np.isinf(arr))[0])
-                raise DataError(
-                    f"{path.name} line {body_lines[r]}: column {nm!r} holds {vals[r]!r}, an infinite number; "
-                    "features must be finite (write a missing cell as empty or NA)"
-                )
-            features.append(arr[:, None])
-            feat_names.append(nm)
-        else:
-            cats = sorted(set(present))
-            onehot = np.zeros((len(vals), len(cats)))
-            index = {c: k for k, c in enumerate(cats)}
-            for r, (v, m) in enumerate(zip(vals, is_missing, strict=True)):
-                if m:
-                    onehot[r, :] = np.nan
-                else:
-                    onehot[r, index[v]] = 1.0
-            features.append(onehot)
-            feat_names.extend(f"{nm}={c}" for c in cats)
+        block, block_names = encode_column(nm, vals, path.name, body_lines)
+        features.append(block)
+        feat_names.extend(block_names)
     missing_drop = set(drop_columns) - set(dropped)
     if missing_drop:
         raise DataError(f"columns to drop not found in {path.name}: {sorted(missing_drop)}")
@@ -163,14 +187,5 @@ def load_csv(
         notes.append(f"csv: dropped {int(missing_label.sum())} rows without a label")
         X = X[~missing_label]
         y_raw = [v for v, m in zip(y_raw, missing_label, strict=True) if not m]
-    classes = sorted(set(y_raw), key=lambda v: (not _is_number(v), float(v) if _is_number(v) else 0.0, v))
-    if len(classes) < 2:
-        raise DataError(f"label column {names[li]!r} has a single value {classes}; need at least two classes")
-    if len(classes) > max(100, len(y_raw) // 10):
-        raise DataError(
-            f"label column {names[li]!r} has {len(classes)} distinct values: it looks continuous or like an id, "
-            "not a class label; choose another column with csv:PATH:LABEL"
-        )
-    index = {c: k for k, c in enumerate(classes)}
-    y = np.array([index[v] for v in y_raw], dtype=np.int64)
+    y, classes = encode_labels(y_raw, names[li])
     return RawData(X=X, y=y, feature_names=feat_names, classes=classes, notes=notes)

@@ -9,7 +9,7 @@ import numpy as np
 from secvfl.data.dataset import Dataset, RawData
 from secvfl.errors import DataError, DataWarning
 
-__all__ = ["NAN_POLICIES", "prepare", "stratified_split", "min_rows_per_class"]
+__all__ = ["NAN_POLICIES", "prepare", "stratified_split", "split_rows", "min_rows_per_class"]
 
 NAN_POLICIES = ("mean", "drop", "error")
 
@@ -25,6 +25,18 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
     held_idx = np.sort(np.concatenate(held)) if held else np.array([], dtype=np.int64)
     keep = np.setdiff1d(np.arange(len(y)), held_idx)
     return keep, held_idx
+
+
+def split_rows(y: np.ndarray, *, seed: int, val_fraction: float, test_fraction: float = 0.2,
+               test_split_seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row indices (train, validation, test) exactly as :func:`prepare` draws them for a table without a test file
+    (and without ``--nan-policy drop``): the test split stratified with ``test_split_seed``, the validation split
+    carved from the rest with ``seed``. The label party of a deployment draws them from its labels alone."""
+    keep, held = stratified_split(y, test_fraction, test_split_seed)
+    if val_fraction > 0:
+        rest, val = stratified_split(y[keep], val_fraction, seed)
+        return keep[rest], keep[val], held
+    return keep, keep[:0], held
 
 
 def min_rows_per_class(test_fraction: float, val_fraction: float) -> int:
@@ -86,11 +98,14 @@ def prepare(
     test_fraction: float = 0.2,
     test_split_seed: int = 0,
     nan_policy: str = "mean",
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> Dataset:
     """Split ``raw`` into train/val/test, handle missing values by ``nan_policy`` and standardise.
 
     The test split is stratified with ``test_split_seed`` (fixed, default 0, so every run of every method sees the
-    same test rows); the validation split is carved from the training rows with the run ``seed``.
+    same test rows); the validation split is carved from the training rows with the run ``seed``. ``rows`` gives
+    the (train, validation, test) row indices instead, as :func:`split_rows` draws them: a deployed feature party
+    prepares its own columns with the rows its label party chose, without seeing a label.
     """
     if nan_policy not in NAN_POLICIES:
         raise DataError(f"unknown nan policy {nan_policy!r}; choose one of {', '.join(NAN_POLICIES)}")
@@ -111,9 +126,16 @@ def prepare(
             f"{name}: {n_missing} missing values (e.g. in columns {cols}) but --nan-policy is 'error'; "
             "use --nan-policy mean (impute training means) or drop (remove incomplete rows)"
         )
+    if rows is not None and (raw.X_test is not None or nan_policy == "drop"):
+        raise DataError("rows chosen for the splits exclude a test file and --nan-policy drop")
     if raw.X_test is not None:
         X_test, y_test = raw.X_test.astype(np.float64, copy=False), raw.y_test
         notes.append(f"test split: the {len(y_test)} rows shipped as the dataset's test file")
+    elif rows is not None:
+        train_rows, val_rows, test_rows = (np.asarray(r, dtype=np.int64) for r in rows)
+        X_test, y_test = X[test_rows], y[test_rows]
+        X, y = X[np.concatenate([train_rows, val_rows])], y[np.concatenate([train_rows, val_rows])]
+        notes.append(f"splits: {len(train_rows)} / {len(val_rows)} / {len(test_rows)} rows chosen by the label party")
     else:
         keep, held = stratified_split(y, test_fraction, test_split_seed)
         X_test, y_test = X[held], y[held]
@@ -125,7 +147,11 @@ def prepare(
     if nan_policy == "drop":
         X, y = _drop_nan_rows(X, y, notes, "training")
         X_test, y_test = _drop_nan_rows(X_test, y_test, notes, "test")
-    if val_fraction > 0:
+    if rows is not None:  # training rows first, then validation rows (above)
+        n_train = len(rows[0])
+        keep, held = np.arange(n_train), np.arange(n_train, len(y))
+        X_val, y_val, X, y = X[held], y[held], X[keep], y[keep]
+    elif val_fraction > 0:
         keep, held = stratified_split(y, val_fraction, seed)
         X_val, y_val, X, y = X[held], y[held], X[keep], y[keep]
         notes.append(f"validation split: stratified {val_fraction:.0%} of training rows, seed {seed}")

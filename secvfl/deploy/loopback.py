@@ -4,6 +4,7 @@ transport benchmark and for tests."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = ["free_loopback_ports", "loopback_federation"]
@@ -21,9 +22,11 @@ def free_loopback_ports(n: int) -> list[int]:
             s.close()
 
 
-def loopback_federation(folder: Path, features: int, *, name: str = "demo", aggregator: bool = False) -> Path:
+def loopback_federation(folder: Path, features: int, *, name: str = "demo", aggregator: bool = False,
+                        data: Mapping[str, str] | None = None) -> Path:
     """Write ``folder/federation.toml`` (a label party ``label``, feature parties ``party0``... and, with
-    ``aggregator``, a CKKS aggregator ``adder``, all on free loopback ports) and its certificates; returns the file."""
+    ``aggregator``, a CKKS aggregator ``adder``, all on free loopback ports) and its certificates; returns the file.
+    ``data``: party -> its data table as TOML (``{ file = "x.csv", columns = ["a"], id = "id" }``)."""
     from secvfl.certs import issue_certificates, write_certificates
     from secvfl.federation import load_federation
 
@@ -32,6 +35,8 @@ def loopback_federation(folder: Path, features: int, *, name: str = "demo", aggr
     text = f'[federation]\nname = "{name}"\nlabel_party = "label"\n' + ('aggregator = "adder"\n' if aggregator else "")
     for party, port in zip(names, free_loopback_ports(len(names)), strict=True):
         text += f'[parties.{party}]\naddress = "127.0.0.1:{port}"\n'
+        if data and party in data:
+            text += f"data = {data[party]}\n"
     path = folder / "federation.toml"
     path.write_text(text)
     write_certificates(issue_certificates(load_federation(path)))

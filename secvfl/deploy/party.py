@@ -2,10 +2,11 @@
 
 The label party proposes the run: its ``secvfl party`` command carries the training settings, and its hello to
 every feature party carries them (plus whether the run resumes). Each party then builds the run from those settings
-and keeps only its own party: its model, its optimiser, its block of columns. Until per-party data files are
-supported (the federation file's ``data`` tables), every process reads its block from the run's dataset with the
-run's seed, as the in-process simulation partitions it; the other parties' objects built on the way are dropped
-before the first request.
+and keeps only its own party: its model, its optimiser, its block of columns; the other parties' objects built on
+the way are dropped before the first request. Where the data comes from: with a ``data`` table for every party in
+the federation file, each party reads only its own file and the rows are aligned by private set intersection
+before the hello (secvfl.deploy.data); without data tables (a demonstration on one host), every process takes its
+block of the run's dataset (``--dataset``) with the run's seed, as the in-process simulation partitions it.
 
 What crosses processes: the algorithm's messages (the same bytes as in one process, counted the same way), and the
 coordinator's requests with their answers (public facts: step numbers, row ids, party names, losses; counted
@@ -30,6 +31,20 @@ import torch
 
 from secvfl.algorithms.base import LABEL_PARTY, feature_party_names
 from secvfl.config import TrainConfig
+from secvfl.deploy.data import (
+    ALIGN,
+    PLAN,
+    AlignIds,
+    check_config,
+    counting_apart,
+    plan_rows,
+    prepare_own_block,
+    read_own_file,
+    record_alignment,
+    run_table,
+    uses_data_files,
+    with_federation_dataset,
+)
 from secvfl.deploy.remote import (
     HELLO,
     LOAD,
@@ -45,10 +60,11 @@ from secvfl.deploy.remote import (
     save_party_state,
     swap_remote_handles,
 )
-from secvfl.errors import ConfigError, SecvflError, UnsupportedError
+from secvfl.errors import ConfigError, ProtocolError, SecvflError, UnsupportedError
 from secvfl.federation import Federation, verify_peer_certificate
 from secvfl.transport.grpc_link import GrpcTransport, PartyLost, PeerAddress, TlsFiles
 from secvfl.transport.layers import Role
+from secvfl.transport.network import Network
 
 __all__ = ["run_names", "Timeouts", "make_transport", "serve_party", "coordinate", "AGGREGATOR"]
 
@@ -112,12 +128,15 @@ def check_across_processes(run: Any, federation: Federation) -> None:
                                "; run it in one process (`secvfl train`), or drop those protocols")
 
 
-def _refuse_data_files(federation: Federation) -> None:
-    with_files = [p.name for p in federation.parties if p.data is not None]
-    if with_files:
-        raise UnsupportedError(f"{federation.source}: parties {', '.join(with_files)} name their own data files, "
-                               "which this version does not read yet; remove their data tables: every party then "
-                               "takes its block of the run's dataset (--dataset), as `secvfl train` partitions it")
+def _own_file(federation: Federation, name: str, align_ids: AlignIds | None):  # noqa: ANN202
+    """This party's own file when the parties read their own files (None otherwise), read before it listens."""
+    if not uses_data_files(federation):
+        return None
+    if align_ids is None:
+        raise ConfigError(f"{federation.source}: the parties read their own files, which needs a private set "
+                          "intersection to align their rows; start the party with `secvfl party`")
+    spec = federation.party(name).data
+    return None if spec is None else read_own_file(spec, name)  # the aggregator holds no file
 
 
 def _check_federation(federation: Federation, cfg: TrainConfig) -> None:
@@ -129,13 +148,14 @@ def _check_federation(federation: Federation, cfg: TrainConfig) -> None:
 
 # -- a feature party ---------------------------------------------------------------------------------------------
 def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir: str | None,
-                timeouts: Timeouts, log: Callable[[str], None]) -> None:
+                timeouts: Timeouts, log: Callable[[str], None], align_ids: AlignIds | None = None) -> None:
     """Run party ``name`` (a feature party, or the aggregator) until the coordinator says stop (or fails, or goes
-    silent)."""
+    silent). ``align_ids``: this party's side of the private set intersection, when the parties read their own
+    files (protocols.psi.align_with_peers)."""
     from secvfl.checkpoint import _global_rng_state, _set_global_rng_state
     from secvfl.runner import build_run
 
-    _refuse_data_files(federation)
+    own = _own_file(federation, name, align_ids)
     runs = run_names(federation)
     me = runs[name]
     coordinator = runs[federation.label_party]
@@ -144,12 +164,40 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
     held: dict[str, Any] = {}
 
     def on_call(method: str, args: list, kwargs: dict) -> Any:
+        if method == ALIGN:  # the label party's private set intersection with this party, as messages
+            if own is None or align_ids is None:
+                raise ProtocolError(f"{name} reads no data file of its own, so it has no ids to align")
+            with counting_apart(transport) as psi_stats:
+                net = Network({coordinator: Role.LABEL, me: Role.FEATURE}, transport=transport)
+                held["learned"] = set(align_ids(net, me, [coordinator], own.ids)[coordinator])
+            held["psi_sent"] = {"bytes": psi_stats.bytes_total, "messages": psi_stats.messages_total}
+            log(f"{name}: {len(held['learned'])} of its {len(own.ids)} ids are also held by {federation.label_party}")
+            return None
+        if method == PLAN:  # the rows of each split: prepare this party's own columns for them
+            if "learned" not in held:
+                raise ProtocolError(f"{name} got the label party's rows before aligning its ids")
+            cfg, ids = TrainConfig.from_dict(args[0]), args[1]
+            held["columns"], names, notes = prepare_own_block(own, ids, held["learned"], cfg)
+            for note in notes:
+                log(f"{name}: data: {note}")
+            return {"width": len(names), "psi_sent": held["psi_sent"]}
         if method == HELLO:
             cfg = TrainConfig.from_dict(args[0])
             if data_dir is not None:
                 cfg = replace(cfg, data_dir=data_dir)
             _check_federation(federation, cfg)
-            run = build_run(cfg)
+            prepared = None
+            if len(args) > 1 and args[1] is not None:  # the parties read their own files: the announced layout
+                if own is not None and "columns" not in held:
+                    raise ProtocolError(f"{name} got the hello before the rows of the run were planned")
+                layout = args[1]
+                block = [p.name for p in federation.feature_parties].index(name) if own is not None else None
+                prepared = run_table(cfg.dataset, layout["widths"], layout["sizes"], layout["n_classes"],
+                                     block=block, columns=held.get("columns"))
+            elif own is not None:
+                raise ProtocolError(f"{name} reads its own file, but the label party proposed a run on "
+                                    f"{cfg.dataset!r}; every party of the federation must read its own file")
+            run = build_run(cfg, prepared)
             check_across_processes(run, federation)
             run.net.transport = transport
             run.net.local = me
@@ -166,8 +214,8 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
         if method == STATS:
             return held["net"].stats.state_dict()
         if method == SAVE:
-            own = server.handle.state_dict() if server.handle is not None else {}
-            return save_party_state(state_dir, me, {"party": own, "network": held["net"].state_dict(),
+            state = server.handle.state_dict() if server.handle is not None else {}
+            return save_party_state(state_dir, me, {"party": state, "network": held["net"].state_dict(),
                                                     "rng": _global_rng_state()})
         if method == LOAD:
             state = load_party_state(state_dir, me, args[0])
@@ -196,13 +244,19 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
 
 # -- the label party: the coordinator ----------------------------------------------------------------------------
 def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, resume: Path | None,
-               timeouts: Timeouts, log: Callable[[str], None], progress: bool = False) -> dict[str, Any]:
-    """Train with the feature parties of ``federation`` in their own processes; returns the summary."""
+               timeouts: Timeouts, log: Callable[[str], None], progress: bool = False,
+               align_ids: AlignIds | None = None) -> dict[str, Any]:
+    """Train with the feature parties of ``federation`` in their own processes; returns the summary.
+    ``align_ids``: the label party's side of the private set intersection, when the parties read their own files
+    (protocols.psi.align_with_peers)."""
     from secvfl.runner import build_run, run_training
 
-    _refuse_data_files(federation)
+    own = _own_file(federation, federation.label_party, align_ids)
     if resume is None:  # a resumed run's settings are its own (checked once read, in build)
         _check_federation(federation, cfg)
+        if own is not None:
+            check_config(cfg)
+            cfg = with_federation_dataset(cfg, federation)
     runs = run_names(federation)
     me = runs[federation.label_party]
     transport = make_transport(federation, federation.label_party, timeouts, log)
@@ -210,15 +264,44 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
     remote = [runs[p.name] for p in federation.feature_parties]
     helpers = [AGGREGATOR] if federation.aggregator is not None else []  # parties without a handle
     started: list[str] = []
+    alignment: dict[str, Any] = {}
+
+    def align(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
+        """Private set intersection with every feature party, the rows of each split, each party's width."""
+        check_config(cfg)
+        t0 = time.perf_counter()
+        for party in remote:
+            link.call(party, ALIGN, reply=False)
+            started.append(party)
+        with counting_apart(transport) as psi_stats:
+            net = Network({me: Role.LABEL, **{p: Role.FEATURE for p in remote}}, transport=transport)
+            shared = align_ids(net, me, remote, own.ids)
+        plan = plan_rows(own, shared, cfg)
+        record_alignment(resume if resume is not None else out, plan, resumed=resume is not None)
+        answers = [link.call(p, PLAN, (cfg.to_dict(), list(plan.ids)), timeout=timeouts.wait) for p in remote]
+        widths = [a["width"] for a in answers]
+        sizes = [len(ids) for ids in plan.ids]
+        alignment.update(protocol="ECDH-PSI over P-256 (semi-honest)", **plan.counts, widths=widths,
+                         rows_sha256=plan.digest(),  # what every party sent, each counted by its sender
+                         psi_bytes=psi_stats.bytes_total + sum(a["psi_sent"]["bytes"] for a in answers),
+                         psi_messages=psi_stats.messages_total + sum(a["psi_sent"]["messages"] for a in answers),
+                         seconds=round(time.perf_counter() - t0, 3))
+        log(f"{federation.label_party}: aligned {plan.counts['held_by_all']} rows held by every party "
+            f"(train/val/test {'/'.join(map(str, sizes))}); columns per party {widths}")
+        layout = {"widths": widths, "sizes": sizes, "n_classes": len(plan.classes)}
+        return run_table(cfg.dataset, widths, sizes, len(plan.classes), labels=plan.y, classes=plan.classes), layout
 
     def build(cfg: TrainConfig) -> Any:
         _check_federation(federation, cfg)
-        run = build_run(cfg)
+        prepared, layout = align(cfg) if own is not None else (None, None)
+        run = build_run(cfg, prepared)
         check_across_processes(run, federation)
         t0 = time.perf_counter()
+        hello = (cfg.to_dict(),) if layout is None else (cfg.to_dict(), layout)
         for party in remote + helpers:  # each builds the same run from the same settings, keeping only its own
-            link.call(party, HELLO, (cfg.to_dict(),), timeout=timeouts.wait)
-            started.append(party)
+            link.call(party, HELLO, hello, timeout=timeouts.wait)
+            if party not in started:
+                started.append(party)
         log(f"{federation.label_party}: {len(remote + helpers)} parties ready in {time.perf_counter() - t0:.1f} s")
         swapped = swap_remote_handles(run.algorithm, me,
                                       lambda h: RemoteHandle(h.name, type(h), link))
@@ -236,7 +319,8 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         return run
 
     def extra() -> dict[str, Any]:
-        return {"control": transport.control_stats.to_dict(),
+        return {**({"alignment": dict(alignment)} if alignment else {}),
+                "control": transport.control_stats.to_dict(),
                 "deployment": {"transport": "grpc+mtls", "federation": federation.name,
                                "parties": {p.name: str(p.address) for p in federation.parties},
                                # the coordinator's time blocked on messages and answers (the rest is its own work)
