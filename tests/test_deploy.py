@@ -29,6 +29,7 @@ from secvfl.config import TrainConfig
 from secvfl.deploy.calls import call_message, read_call, read_result, result_message
 from secvfl.deploy.loopback import loopback_federation
 from secvfl.deploy.party import Timeouts, coordinate, run_names
+from secvfl.deploy.remote import LEAVE_AT_ENV
 from secvfl.errors import MessageError, ProtocolError, UnsupportedError
 from secvfl.federation import load_federation, verify_peer_certificate
 from secvfl.messages import decode, encode
@@ -310,3 +311,29 @@ def test_a_party_killed_mid_run_stops_the_run_with_its_name_and_the_run_resumes_
     expected = json.loads((tmp_path / "whole" / "label" / "summary.json").read_text())
     assert got["metrics"]["test"] == pytest.approx(expected["metrics"]["test"], rel=1e-9)
     assert got["comm"] == expected["comm"]
+
+
+@pytest.mark.slow
+def test_laser_inference_goes_on_without_a_party_that_leaves_during_the_test(tmp_path: Path) -> None:
+    from secvfl.runner import read_run_config, run_training
+
+    fed = _federation(tmp_path / "fed", 3)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed), "--out", str(run),
+           "--threads", "1", "--party-timeout", "60", "--peer-timeout", "5", "--algo", "laser", "--dataset", "digits",
+           "--parties", "3", "--epochs", "2", "--seed", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, LEAVE_AT_ENV: "party2:test"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "party2: leaving at its first test request" in done.stderr
+    got = json.loads((run / "label" / "summary.json").read_text())
+    assert list(got["departed"]) == ["party2"] and "party party2 is gone" in got["departed"]["party2"]
+    # the reference: the same run in one process, scored on the test rows with party2's block missing everywhere
+    built = []
+    run_training(read_run_config(run / "label"), None, progress=False, log=lambda _: None, on_build=built.append)
+    algorithm = built[0].algorithm
+    assert algorithm.depart("party2")
+    expected = algorithm.score("test")
+    for key, value in expected.items():
+        assert got["metrics"]["test"][key] == pytest.approx(value, rel=1e-9), key
+    algorithm.departed.clear()
+    assert algorithm.score("test")["accuracy"] != pytest.approx(expected["accuracy"], abs=1e-12)  # party2 mattered

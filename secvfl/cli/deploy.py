@@ -184,7 +184,10 @@ def _wait_all(procs: list[tuple[str, subprocess.Popen]], label: subprocess.Popen
         code = proc.poll()
         if code not in (None, 0) and failed is None:
             failed = (name, code)
-    if failed is not None:
+    if failed is not None and label.returncode == 0:  # the run finished without it (it left during the test)
+        print(f"secvfl launch: party {failed[0]} exited with code {failed[1]}; the label party finished the run "
+              "without it (summary.json: departed)", file=sys.stderr)
+    elif failed is not None:
         print(f"secvfl launch: party {failed[0]} exited with code {failed[1]}", file=sys.stderr)
         return failed[1] if failed[1] > 0 else 1
     return 0

@@ -265,6 +265,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
     helpers = [AGGREGATOR] if federation.aggregator is not None else []  # parties without a handle
     started: list[str] = []
     alignment: dict[str, Any] = {}
+    departed: dict[str, str] = {}  # feature parties that left during the test evaluation, and why
 
     def align(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
         """Private set intersection with every feature party, the rows of each split, each party's width."""
@@ -308,7 +309,9 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         if sorted(swapped) != sorted(remote):
             raise SecvflError(f"{cfg.algo}: its handles are {swapped}, the federation's feature parties {remote}")
         transport.waited_seconds = 0.0  # from here on: the run's own waits, not the parties' start-up
-        transport.stats = FederatedStats(lambda: [link.call(p, STATS) for p in remote + helpers])
+        transport.stats = FederatedStats(lambda: [link.call(p, STATS) for p in remote + helpers if p not in departed])
+        if hasattr(run.algorithm, "depart"):  # any observed set of parties predicts (LASER-VFL and its baselines)
+            _test_without_departed(run.algorithm, link, remote, departed, log, timeouts.wait)
         run.net.transport = transport
         run.net.local = me
         run.net.epoch_listeners.append(
@@ -320,6 +323,9 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
 
     def extra() -> dict[str, Any]:
         return {**({"alignment": dict(alignment)} if alignment else {}),
+                # a party that left during the test evaluation: scored without its block; its message counts after
+                # it left (and since its last answer) are not in "comm"
+                **({"departed": dict(departed)} if departed else {}),
                 "control": transport.control_stats.to_dict(),
                 "deployment": {"transport": "grpc+mtls", "federation": federation.name,
                                "parties": {p.name: str(p.address) for p in federation.parties},
@@ -336,6 +342,28 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
             except (PartyLost, SecvflError):
                 pass  # it is gone already; nothing of it is waited for
         transport.close()
+
+
+def _test_without_departed(algorithm: Any, link: PartyLink, parties: list[str], departed: dict[str, str],
+                            log: Callable[[str], None], timeout: float) -> None:
+    """The test evaluation of ``algorithm`` goes on without a feature party that leaves during it: its block is
+    then missing in every test row (every observed set of the others still predicts). During training and
+    validation a lost party stops the run (resume it with --resume once the party is back)."""
+    evaluate = algorithm.evaluate
+
+    def evaluate_without_departed(split: str) -> dict[str, float]:
+        while True:
+            try:
+                return evaluate(split)
+            except PartyLost as lost:
+                if split != "test" or lost.party not in parties or lost.party in departed \
+                        or not algorithm.depart(lost.party):
+                    raise
+                departed[lost.party] = str(lost)
+                log(f"{lost.party} left during the test evaluation ({lost}); predicting without its block")
+                link.barrier([p for p in parties if p not in departed], timeout=timeout)
+
+    algorithm.evaluate = evaluate_without_departed
 
 
 def stderr_log(prefix: str) -> Callable[[str], None]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import io
+import os
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,13 +29,19 @@ from secvfl.handles import LocalHandle, PartyHandle
 from secvfl.io import torch_bytes, torch_load, write_bytes_atomic
 from secvfl.messages import decode, encode
 from secvfl.transport.base import CommStats
-from secvfl.transport.grpc_link import ERROR_KIND, GrpcTransport
+from secvfl.transport.grpc_link import ERROR_KIND, GrpcTransport, PartyLost
 
-__all__ = ["PartyLink", "RemoteHandle", "PartyServer", "FederatedStats", "swap_remote_handles", "STOP", "HELLO"]
+__all__ = ["PartyLink", "RemoteHandle", "PartyServer", "FederatedStats", "swap_remote_handles", "STOP", "HELLO",
+           "BARRIER", "LEAVE_AT_ENV"]
 
-STOP, HELLO, START_EPOCH, STATS, SAVE, LOAD = "__stop__", "__hello__", "__start_epoch__", "__stats__", "__save__", \
-    "__load__"
+STOP, HELLO, START_EPOCH, STATS, SAVE, LOAD, BARRIER = "__stop__", "__hello__", "__start_epoch__", "__stats__", \
+    "__save__", "__load__", "__barrier__"
+BARRIER_KIND = "party-barrier"  # control: nothing a party sent to another before it is still on the way
 _KEEP_STATES = 3  # state files a party keeps (the coordinator keeps its two latest checkpoints)
+_PEER_LOST = "__party_lost__"  # an answer: the request failed because another party (named) is gone
+# Test hook (tests/test_deploy.py): "party2:test" makes party2's process stop dead (as if killed) at its first
+# request that names the test split, to test that inference goes on without a party that left.
+LEAVE_AT_ENV = "SECVFL_LEAVE_AT"
 
 
 class PartyLink:
@@ -56,7 +63,18 @@ class PartyLink:
         answer = decode(self.transport.take(self.coordinator, kind=RESULT_KIND, sender=party, timeout=timeout))
         if answer.step != self._next_id:
             raise MessageError(f"{party} answered request {answer.step} while {self._next_id} was awaited")
-        return read_result(answer)
+        value = read_result(answer)
+        if isinstance(value, dict) and _PEER_LOST in value:
+            raise PartyLost(str(value[_PEER_LOST]), f"{value.get('reason', '')} (reported by {party})")
+        return value
+
+    def barrier(self, parties: Sequence[str], *, timeout: float | None = None) -> None:
+        """After a party left mid-request: every party in ``parties`` drops what the others (and the coordinator)
+        sent it before the barrier, so that no message of the abandoned requests is taken for a later one."""
+        for party in parties:
+            self.call(party, BARRIER, ([p for p in parties if p != party],), reply=False)
+        for party in parties:
+            self.transport.drain_until(self.coordinator, party, BARRIER_KIND, timeout=timeout)
 
 
 def _returns_nothing(cls: type, method: str) -> bool:
@@ -189,6 +207,7 @@ class PartyServer:
                     continue
             call = decode(self.transport.take(self.name, kind=CALL_KIND, sender=self.coordinator, timeout=wait))
             method, args, kwargs, reply = read_call(call)
+            self._maybe_leave(args)
             result = self._guarded(method, lambda m=method, a=args, k=kwargs: self._dispatch(m, a, k))
             if reply or method == STOP:
                 answer = result_message(self.name, self.coordinator, call.step, result)
@@ -196,10 +215,23 @@ class PartyServer:
             if method == STOP:
                 return
 
+    def _maybe_leave(self, args: list) -> None:
+        party, _, split = os.environ.get(LEAVE_AT_ENV, "").partition(":")
+        if party == self.name and split and any(isinstance(a, str) and a == split for a in args):
+            self.log(f"{self.name}: leaving at its first {split} request (${LEAVE_AT_ENV})")
+            os._exit(137)  # no goodbye, no flush: as a killed process
+
     def _guarded(self, what: str, fn: Callable[[], Any]) -> Any:
-        """``fn()``; if it fails, the coordinator is told why (so the whole run stops with the reason) first."""
+        """``fn()``; if it fails, the coordinator is told why (so the whole run stops with the reason) first.
+        Another party gone (not the coordinator) only fails this request: the answer names it, and this party
+        keeps serving (the coordinator decides whether the run can go on without it)."""
         try:
             return fn()
+        except PartyLost as exc:
+            if exc.party == self.coordinator:
+                raise
+            self.log(f"{self.name}: {what} failed: {exc}")
+            return {_PEER_LOST: exc.party, "reason": str(exc)}
         except Exception as exc:
             text = exc.args[0] if isinstance(exc, SecvflError) and exc.args else f"{type(exc).__name__}: {exc}"
             if not isinstance(exc, SecvflError):  # a defect, not a refusal: its traceback is in this party's log
@@ -216,6 +248,13 @@ class PartyServer:
         if result is not NotImplemented:
             return result
         if method == STOP:
+            return None
+        if method == BARRIER:  # every earlier request of the coordinator is done: drop what came before
+            peers = [str(p) for p in args[0]]
+            for peer in [*peers, self.coordinator]:
+                self.transport.put_control(self.name, peer, BARRIER_KIND, b"")
+            for peer in peers:
+                self.transport.drain_until(self.name, peer, BARRIER_KIND)
             return None
         if self.handle is None:
             raise ConfigError(f"{self.name} got {method!r} before the coordinator's hello")

@@ -436,6 +436,32 @@ class GrpcTransport(Transport):
             if reason is not None:
                 raise PartyLost(party, f"{reason} (while {self.local.name} waited for {what})")
 
+    def drain_until(self, receiver: str, sender: str, kind: str, *, timeout: float | None = None) -> int:
+        """Discard ``sender``'s messages to ``receiver``, oldest first, up to and including the first of ``kind``
+        (a barrier: one stream delivers in order, so nothing sent before it is still on the way); returns how many
+        others were discarded."""
+        if receiver != self.local.name:
+            raise MessageError(f"the transport of {self.local.name} cannot take {receiver}'s messages")
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        dropped = 0
+        with self._arrived:
+            while True:
+                for i, (s, k, _) in enumerate(self._inbox):
+                    if s != sender:
+                        continue
+                    del self._inbox[i]
+                    if k == kind:
+                        return dropped
+                    dropped += 1
+                    break
+                else:
+                    self._check_alive(sender, f"a {kind} message")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise PartyLost(sender, f"{self.local.name} waited {limit:g} s for a {kind} message")
+                    self._arrived.wait(timeout=min(left, self.heartbeat))
+
     def pending(self, receiver: str | None = None) -> int:
         with self._arrived:
             return len(self._inbox)

@@ -173,6 +173,7 @@ class MissingAlgorithm(Algorithm):
         super().__init__(ctx, net)
         self.K = ctx.partition.n_blocks
         self.names = feature_party_names(self.K)
+        self.departed: set[int] = set()  # blocks of parties that left the federation (see depart)
         self.n_classes = ctx.data.n_classes
         self.sampler = PatternBatchSampler(
             ctx.masks["train"], self.cfg.batch_size, seed=self.cfg.seed, labels=ctx.data.y_train,
@@ -242,6 +243,9 @@ class MissingAlgorithm(Algorithm):
         correct prediction) and, for binary labels, ``f1_positive`` (F1 of class 1 per party on the rows it observes,
         averaged over parties). Named like the other algorithms' positive-class F1; their ``f1`` is macro F1."""
         mask = self.ctx.masks[split] if mask is None else np.asarray(mask, dtype=bool)
+        if self.departed:  # a party that left predicts nothing: its block is missing in every row
+            mask = mask.copy()
+            mask[:, sorted(self.departed)] = False
         if self.ctx.rows(split) == 0:
             return {}
         preds = self.predict_parties(split, mask)
@@ -254,3 +258,11 @@ class MissingAlgorithm(Algorithm):
 
     def evaluate(self, split: str) -> dict[str, float]:
         return self.score(split)
+
+    def depart(self, name: str) -> bool:
+        """Party ``name`` has left: score without its block from now on. False if no party would be left."""
+        k = self.names.index(name)
+        if len(self.departed | {k}) >= self.K:
+            return False
+        self.departed.add(k)
+        return True
