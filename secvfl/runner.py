@@ -108,8 +108,11 @@ class Run:
     setups: list[ProtocolSetup]
 
 
-def build_run(cfg: TrainConfig) -> Run:
-    """Load data, draw masks, assemble the protocol stack and build the algorithm's parties (no training)."""
+def build_run(cfg: TrainConfig, *, local: str | None = None) -> Run:
+    """Load data, draw masks, assemble the protocol stack and build the algorithm's parties (no training).
+
+    ``local``: the one party this process acts for when the parties run in separate processes (secvfl.deploy); the
+    protocol layers then set up that party's state only (its own keys)."""
     limit_threads(cfg.threads)
     _seed_everything(cfg.seed)
     algo_cls = get_algorithm(cfg.algo)
@@ -126,7 +129,7 @@ def build_run(cfg: TrainConfig) -> Run:
     roles = algo_cls.party_roles(partition.n_blocks)
     if aggregation is not None:
         roles.update(aggregation.extra_roles())
-    net = Network(roles, layers=layers, aggregation=aggregation, traits=algo_cls.traits)
+    net = Network(roles, layers=layers, aggregation=aggregation, traits=algo_cls.traits, local=local)
     torch.manual_seed(cfg.seed)
     algorithm = algo_cls(ctx, net)
     for s in setups:
