@@ -535,6 +535,9 @@ class SecureChannelLayer(Layer):
     def __init__(self, credentials: Mapping[str, ChannelCredentials], *, pin_from_transport: bool = False) -> None:
         if not credentials:
             raise ConfigError("the secure channel needs the credentials of at least one local party")
+        self._setup(credentials, pin_from_transport)
+
+    def _setup(self, credentials: Mapping[str, ChannelCredentials], pin_from_transport: bool) -> None:
         self._local: dict[str, _PartyChannel] = {p: _PartyChannel(c) for p, c in credentials.items()}
         self.pin_from_transport = pin_from_transport
         self._announced: set[tuple[str, str]] = set()  # (party, peer): party sent peer its identity key
@@ -551,7 +554,7 @@ class SecureChannelLayer(Layer):
         if unknown:
             raise ConfigError(f"secure-channel credentials for {unknown}, which are not parties of this run "
                               f"(parties: {sorted(topology.roles)})")
-        if topology.local is not None and set(self._local) != {topology.local}:
+        if topology.local is not None and set(self._local) - {topology.local}:
             raise ConfigError(f"this process acts for {topology.local}, so its secure channel holds {topology.local}'s "
                               f"credentials only, not {sorted(self._local)}")
         if self.pin_from_transport and topology.local is None:

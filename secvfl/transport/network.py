@@ -57,8 +57,6 @@ class Network:
         traits: AlgorithmTraits | None = None,
         local: str | None = None,
     ) -> None:
-        if local is not None and local not in roles:
-            raise MessageError(f"this process acts for {local!r}, which is not a party of the run ({sorted(roles)})")
         self.topology = Topology(dict(roles), local)
         self.transport = transport or InProcessTransport()
         self.layers = list(layers)
