@@ -811,6 +811,11 @@ class SecureChannelLayer(Layer):
         st = self._party(party)
         session = st.sessions.get(message.receiver)
         if session is None:
+            if self.topology.local is not None:
+                raise ChannelError(f"{party} has no secure session with {message.receiver}: parties in separate "
+                                   "processes handshake at the start of each epoch, and none started since these "
+                                   "processes did (a run resumed after its last epoch's checkpoint, before its "
+                                   "summary, cannot evaluate under the channel across processes yet)")
             raise ChannelError(f"{party} has no secure session with {message.receiver}; "
                                "run SecureChannelLayer.establish(net) after building the network")
         if session.send_ctr >= _MAX_COUNTER:
