@@ -23,14 +23,15 @@ routing metadata (message kind, sender, receiver and sizes stay visible: the tra
 against a compromised identity key.
 
 On top of mutual TLS (parties in separate processes, :mod:`secvfl.transport.grpc_link`): TLS protects each hop
-between two processes and ends where TLS is terminated (the receiving process's gRPC stack, or a TLS-terminating
-proxy in front of it), authenticating its ends through the federation's CA; this layer seals each message from the
+between two processes up to where TLS is terminated (the receiving process's gRPC stack, or a TLS-terminating proxy
+in front of it) and authenticates its ends through the federation's CA; this layer seals each message from the
 sender's party to the receiver's party (whatever terminates TLS sees only envelopes), renews its keys every epoch
-and never writes them to a checkpoint, and refuses replayed and reordered messages per stream. With ``--channel-keys`` it also
-authenticates the parties independently of the CA: an attacker holding a certificate the CA issued in a party's name
-(a compromised or careless CA) gets into the TLS links but can then only drop channel messages, not read or forge
-them. The coordinator's requests and their answers (``party-call`` and ``party-result``: step numbers, row ids, party
-names, losses) and the identity-key messages above are control traffic: protected by TLS only, not by this layer.
+and never writes them to a checkpoint, and refuses replayed and reordered messages per stream. With
+``--channel-keys`` it also authenticates the parties independently of the CA: an attacker holding a certificate the
+CA issued in a party's name (a compromised or careless CA) gets into the TLS links but can then only drop channel
+messages, not read or forge them. The coordinator's requests and their answers (``party-call`` and
+``party-result``: step numbers, row ids, party names, losses) and the identity-key messages of the second case above
+are control traffic: protected by TLS only, not by this layer.
 
 Handshake: SIGMA (Krawczyk, CRYPTO 2003) in its sign-and-MAC form, the composition TLS 1.3 uses for mutual
 authentication (CertificateVerify, then Finished): each side signs the hash of the whole transcript with its identity

@@ -198,9 +198,9 @@ class RunChannelLayer(SecureChannelLayer):
                     ".key.pem, which only a test on one host should do: in a deployment each party keeps its own key "
                     "on its own host")
         return ("key files (deployment keys): each party's process read only its own .key.pem",
-                f"--secure-channel with --channel-keys {d}: each party's process reads only its own <party>.key.pem and "
-                f"pins every party from the .pub.pem files in {d} (deployment keys, independent of the federation's "
-                "CA)")
+                f"--secure-channel with --channel-keys {d}: each party's process reads only its own "
+                f"<party>.key.pem and pins every party from the .pub.pem files in {d} (deployment keys, independent "
+                "of the federation's CA)")
 
     def _load(self, parties: list[str], own: list[str]) -> dict[str, ChannelCredentials]:
         assert self.key_dir is not None
