@@ -186,8 +186,9 @@ class Network:
     # -- deployment plumbing between party processes (secvfl.deploy), outside the run's counted messages --------
     def send_control(self, message: Message) -> None:
         """Send ``message`` (public set-up facts, e.g. a public key) to a party in another process as control
-        traffic: counted with the coordinator's requests, not with the run's messages, which stay the bytes of the
-        in-process run (where such facts need no message). No layer touches it."""
+        traffic: counted in the transport's ``control_stats`` like the coordinator's requests, not with the run's
+        messages, which stay the bytes of the in-process run (where such facts need no message). No layer touches
+        it."""
         if self.local is None or message.sender != self.local:
             raise MessageError(f"control messages are sent by this process's own party ({self.local}), not "
                                f"{message.sender}")
