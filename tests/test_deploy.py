@@ -298,6 +298,24 @@ def test_secure_channel_handshakes_between_processes_each_holding_only_its_own_k
             net.transport.close(0.5)
 
 
+def test_a_malformed_identity_key_from_a_peer_process_is_refused_before_any_handshake(tmp_path: Path) -> None:
+    from protocols.channel import HANDSHAKE_KIND, IDENTITY_KIND, HandshakeError
+
+    procs = _channel_processes(_federation(tmp_path, 2), None)
+    try:
+        (label, layer), (party0, _) = procs["label"], procs["party0"]
+        party0.send_control(Message(IDENTITY_KIND, "party0", "label", 0, blobs={"identity": b"\x01" * 31},
+                                    meta={"protocol": "secvfl-channel-v2"}))
+        with pytest.raises(HandshakeError, match="party0's identity key message to label is malformed"):
+            layer.start_epoch(label, 0)
+        assert not layer.has_session("label", "party0") and label.stats.messages_by_kind.get(HANDSHAKE_KIND, 0) == 0
+        with pytest.raises(MessageError, match="control messages are sent by this process's own party"):
+            label.send_control(Message(IDENTITY_KIND, "party0", "label", 0))
+    finally:
+        for net, _ in procs.values():
+            net.transport.close(0.5)
+
+
 # -- real party processes -----------------------------------------------------------------------------------------
 def _launch(fed: Path, out: Path, *args: str, resume: bool = False, timeout: float = 400) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed),
