@@ -353,6 +353,9 @@ _EQUIVALENT = [
     pytest.param(("--algo", "laser", "--dataset", "digits", "--epochs", "2", "--secure-channel"), id="laser-channel"),
     pytest.param(("--algo", "vafl", "--dataset", "digits", "--epochs", "2", "--he", "ckks", "--secure-channel"),
                  id="vafl-ckks-channel"),
+    # the masks' public keys are authenticated only by the channel: sealed between the parties' processes
+    pytest.param(("--algo", "vafl", "--dataset", "digits", "--epochs", "2", "--secagg", "mask", "--secure-channel"),
+                 id="vafl-mask-channel"),
 ]
 
 
