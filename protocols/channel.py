@@ -97,7 +97,10 @@ process reads only its own ``<party>.key.pem``; ``<party>`` is the run's name: `
 ``aggregator``), or, without files, from an :data:`IDENTITY_KIND` message (the raw public key) each side of a pair
 sends the other before their first handshake, the initiator first; it goes as control traffic
 (:meth:`~secvfl.transport.network.Network.send_control`, counted with the coordinator's requests), since the
-one-process run has nothing to send for it.
+one-process run has nothing to send for it. The CKKS aggregator's process passes on whatever message comes that is
+not a request (secvfl.deploy.party); it never gets a handshake or identity message it did not wait for, because
+``aggregator`` sorts before every other run name: it initiates each of its pairs and receives only answers, while it
+handshakes (a new run name that sorts first would have to keep this true).
 
 Sessions and checkpoints: session keys are never written to a checkpoint. A process restarted from a checkpoint
 would otherwise seal with counters the killed process had already used after that checkpoint (AES-GCM nonce reuse:
