@@ -2,18 +2,36 @@
 
 Threat model: the network and any relaying party (an aggregator, a proxy, the transport itself) may read, drop,
 modify, reorder, replay, reflect or re-address messages. Parties are identified by long-term Ed25519 keys whose
-public halves every party has pinned from files beforehand (no certificate authority, no trust on first use).
-``secvfl train --secure-channel`` without ``--channel-keys`` instead generates and pins every party's key in its one
-process: that authenticates parties within a simulation only, never between organisations, and the run says so
-(:mod:`protocols.secure_plugins`). Everything that travels through this layer is authenticated by it, the public
-keys of ``--secagg mask`` included (:mod:`protocols.secagg` authenticates them only this way).
+public halves every party has pinned from files beforehand (``--channel-keys``: no certificate authority, no trust on
+first use). Without ``--channel-keys``, the keys come from the run itself, and the authentication is only as good as
+what delivered them (:mod:`protocols.secure_plugins`; the run says at its start which case it is):
+
+* ``secvfl train --secure-channel`` generates and pins every party's key in its one process: that authenticates
+  parties within a simulation only, never between organisations.
+* parties in separate processes (``secvfl party``, ``secvfl launch``) each generate their own key, and each pins its
+  peers' keys from what they send it over their mutual-TLS link before their first handshake: the channel then
+  authenticates parties exactly as far as the federation's CA does (whoever can get a certificate in a party's name
+  can also have its own key pinned for that party), no further.
+
+Everything that travels through this layer is authenticated by it, the public keys of ``--secagg mask`` included
+(:mod:`protocols.secagg` authenticates them only this way).
 Guarantees: confidentiality and integrity of every message body, authenticity of sender and receiver, rejection of
 replayed, reordered, reflected and re-addressed messages and of replayed or modified handshake messages, forward
 secrecy once the ephemeral keys are gone (the responder's right after use, the initiator's once the reply verified). Not
 guaranteed: availability (an attacker can drop everything, or make a handshake fail), hiding of
 routing metadata (message kind, sender, receiver and sizes stay visible: the transport routes on them), protection
-against a compromised identity key. This runs on top of TLS in the multi-host mode: TLS protects each hop, this
-layer protects end to end.
+against a compromised identity key.
+
+On top of mutual TLS (parties in separate processes, :mod:`secvfl.transport.grpc_link`): TLS protects each hop
+between two processes up to where TLS is terminated (the receiving process's gRPC stack, or a TLS-terminating proxy
+in front of it) and authenticates its ends through the federation's CA; this layer seals each message from the
+sender's party to the receiver's party (whatever terminates TLS sees only envelopes), renews its keys every epoch
+and never writes them to a checkpoint, and refuses replayed and reordered messages per stream. With
+``--channel-keys`` it also authenticates the parties independently of the CA: an attacker holding a certificate the
+CA issued in a party's name (a compromised or careless CA) gets into the TLS links but can then only drop channel
+messages, not read or forge them. The coordinator's requests and their answers (``party-call`` and
+``party-result``: step numbers, row ids, party names, losses) and the identity-key messages of the second case above
+are control traffic: protected by TLS only, not by this layer.
 
 Handshake: SIGMA (Krawczyk, CRYPTO 2003) in its sign-and-MAC form, the composition TLS 1.3 uses for mutual
 authentication (CertificateVerify, then Finished): each side signs the hash of the whole transcript with its identity
@@ -65,6 +83,25 @@ seals their output; on the way in it runs first. A layer after it would see only
 Key hygiene: no key material appears in any ``repr``, ``str``, error message, ``describe()`` or ``state_dict()``;
 identity keys are shown only by fingerprint (SHA-256 of the raw public key, truncated).
 
+Parties in separate processes (:mod:`secvfl.deploy`): each party's process builds this layer for its own party only
+(``topology.local``): its identity key and its pins, never another party's private key or session keys. The
+handshakes are the messages of the one-process run, sent over the transport between the two processes of each pair:
+:meth:`SecureChannelLayer.establish` runs the same 3 flights in every process, each sending and taking only its own
+party's messages (the first name of a pair in sorted order initiates, so both sides agree without asking). They run
+at the start of every epoch, the first included (:meth:`SecureChannelLayer.start_epoch`), where one process
+handshakes once when the run is built and again at each epoch whose sessions were used: the same handshakes, so a
+launched run counts the same messages and bytes as the in-process run (``tests/test_deploy.py``). As in one process,
+every pair of the run's parties handshakes, also a pair that exchanges no message (two feature parties of split-NN),
+so each party must reach every other. Pins come from the ``<party>.pub.pem`` files of ``--channel-keys DIR`` (each
+process reads only its own ``<party>.key.pem``; ``<party>`` is the run's name: ``label``, ``party0``, ...,
+``aggregator``), or, without files, from an :data:`IDENTITY_KIND` message (the raw public key) each side of a pair
+sends the other before their first handshake, the initiator first; it goes as control traffic
+(:meth:`~secvfl.transport.network.Network.send_control`, counted with the coordinator's requests), since the
+one-process run has nothing to send for it. The CKKS aggregator's process passes on whatever message comes that is
+not a request (secvfl.deploy.party); it never gets a handshake or identity message it did not wait for, because
+``aggregator`` sorts before every other run name: it initiates each of its pairs and receives only answers, while it
+handshakes (a new run name that sorts first would have to keep this true).
+
 Sessions and checkpoints: session keys are never written to a checkpoint. A process restarted from a checkpoint
 would otherwise seal with counters the killed process had already used after that checkpoint (AES-GCM nonce reuse:
 the XOR of two plaintexts and forgeries for whoever recorded both), and a stolen checkpoint would decrypt recorded
@@ -109,6 +146,7 @@ __all__ = [
     "save_public_key",
     "load_public_key",
     "HANDSHAKE_KIND",
+    "IDENTITY_KIND",
     "ChannelError",
     "HandshakeError",
     "TamperedMessageError",
@@ -123,6 +161,9 @@ __all__ = [
 
 PROTOCOL = "secvfl-channel-v2"
 HANDSHAKE_KIND = register_kind("handshake")
+# A party's raw Ed25519 identity key, sent to a peer in another process before their first handshake when the peers
+# pin each other from the transport (SecureChannelLayer(pin_from_transport=True)): control traffic, not a run message.
+IDENTITY_KIND = register_kind("channel-identity")
 # The exact blobs of each handshake message, in this order: name -> length in bytes.
 _SHAPES: dict[str, dict[str, int]] = {
     "hello": {"round": 8, "nonce": 32, "ephemeral": 32},
@@ -482,16 +523,28 @@ class _PartyChannel:
 class SecureChannelLayer(Layer):
     """Seals every message end to end (see the module docstring). Must be the last layer of the stack.
 
-    ``credentials`` holds the parties this process runs (all of them in the embedded mode, one per host in the
-    multi-host mode). Call :meth:`establish` once after building the network to run the handshakes through it.
+    ``credentials`` holds the parties this process runs (all of them in the embedded mode; with the parties in
+    separate processes, only the process's own party, ``topology.local``). Call :meth:`establish` once after building
+    the network to run the handshakes through it; parties in separate processes handshake at every
+    :meth:`start_epoch` instead, their first included (see the module docstring, "Parties in separate processes").
+
+    ``pin_from_transport``: the local party pins each peer's identity key from a message that peer sends it over the
+    transport before their first handshake (:data:`IDENTITY_KIND`, control traffic), instead of having it pinned
+    beforehand. Only for a transport that authenticates each link as the named party (mutual TLS): the pin is then
+    exactly as trustworthy as that link.
     """
 
     name: ClassVar[str] = "secure-channel"
 
-    def __init__(self, credentials: Mapping[str, ChannelCredentials]) -> None:
+    def __init__(self, credentials: Mapping[str, ChannelCredentials], *, pin_from_transport: bool = False) -> None:
         if not credentials:
             raise ConfigError("the secure channel needs the credentials of at least one local party")
+        self._setup(credentials, pin_from_transport)
+
+    def _setup(self, credentials: Mapping[str, ChannelCredentials], pin_from_transport: bool) -> None:
         self._local: dict[str, _PartyChannel] = {p: _PartyChannel(c) for p, c in credentials.items()}
+        self.pin_from_transport = pin_from_transport
+        self._announced: set[tuple[str, str]] = set()  # (party, peer): party sent peer its identity key
         self.sealed = 0
         self.opened = 0
         self.rejected = 0
@@ -505,6 +558,15 @@ class SecureChannelLayer(Layer):
         if unknown:
             raise ConfigError(f"secure-channel credentials for {unknown}, which are not parties of this run "
                               f"(parties: {sorted(topology.roles)})")
+        if topology.local is not None and set(self._local) - {topology.local}:
+            raise ConfigError(f"this process acts for {topology.local}, so its secure channel holds {topology.local}'s "
+                              f"credentials only, not {sorted(self._local)}")
+        if self.pin_from_transport and topology.local is None:
+            raise ConfigError("pinning peers' identity keys from the transport needs parties in separate processes "
+                              "over mutual TLS; in one process, pin them beforehand")
+
+    def across_processes(self) -> str | None:
+        return None  # each process holds its own party's credentials and runs its side of each handshake
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -666,27 +728,84 @@ class SecureChannelLayer(Layer):
         st.sessions[peer] = session
         st.by_sid[keys.sid] = session
 
+    def _here(self, party: str) -> bool:
+        """Whether ``party``'s side of a handshake runs in this process (in one process: every party's)."""
+        return self.topology.local is None or party in self._local
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(initiator, responder) of every handshake this process takes part in, the first name in sorted order
+        initiating: every pair of its local parties, and with the parties in separate processes, its own party
+        with every other party of the run."""
+        names = sorted(self._local) if self.topology.local is None else sorted(self.topology.roles)
+        return [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if a in self._local or b in self._local]
+
     def establish(self, net: Network, pairs: Iterable[tuple[str, str]] | None = None) -> None:
-        """Handshake every pair of local parties (or ``pairs``: (initiator, responder)) through ``net``, so the bytes
-        are counted: all hellos, then all replies, then all finishes (3 flights, whatever the number of pairs)."""
-        if pairs is None:
-            names = sorted(self._local)
-            pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
-        pairs = list(pairs)
+        """Handshake every pair of :meth:`pairs` (or ``pairs``: (initiator, responder)) through ``net``, so the bytes
+        are counted: all hellos, then all replies, then all finishes (3 flights, whatever the number of pairs).
+
+        With the parties in separate processes, this process sends and takes only its own party's messages; the
+        other process of each pair runs the same flights at the same time (every wait is for a message the other
+        side sent in an earlier flight, so the flights never wait on each other in a cycle)."""
+        pairs = list(self.pairs() if pairs is None else pairs)
+        if self.pin_from_transport:
+            self._exchange_identities(net, pairs)
         for a, b in pairs:
-            self.listen(b, a)
-            net.send(self.hello(a, b))
+            if self._here(b):
+                self.listen(b, a)
+            if self._here(a):
+                net.send(self.hello(a, b))
         for a, b in pairs:
-            net.receive(b, kind=HANDSHAKE_KIND, sender=a)
-            net.send(self.reply(b, a))
+            if self._here(b):
+                net.receive(b, kind=HANDSHAKE_KIND, sender=a)
+                net.send(self.reply(b, a))
         for a, b in pairs:
-            net.receive(a, kind=HANDSHAKE_KIND, sender=b)
-            net.send(self.finish(a, b))
+            if self._here(a):
+                net.receive(a, kind=HANDSHAKE_KIND, sender=b)
+                net.send(self.finish(a, b))
         for a, b in pairs:
-            net.receive(b, kind=HANDSHAKE_KIND, sender=a)
+            if self._here(b):
+                net.receive(b, kind=HANDSHAKE_KIND, sender=a)
         for a, b in pairs:
-            if not (self.has_session(a, b) and self.has_session(b, a)):
+            if not all(self.has_session(x, y) for x, y in ((a, b), (b, a)) if self._here(x)):
                 raise HandshakeError(f"handshake between {a} and {b} did not complete")
+
+    # -- pins from the transport (parties in separate processes without key files) -----------------------------
+    def _exchange_identities(self, net: Network, pairs: list[tuple[str, str]]) -> None:
+        """Before a pair's first handshake, each side sends the other its raw identity key as control traffic and
+        pins the one it gets: the initiator first, the responder once it has the initiator's (so a process only
+        ever waits for a message its peer sends before waiting itself)."""
+        outgoing = [(a, b) for a, b in pairs if a in self._local and b not in self._local]
+        incoming = [(a, b) for a, b in pairs if b in self._local and a not in self._local]
+        for a, b in outgoing:
+            self._announce(net, a, b)
+        for a, b in incoming:
+            self._learn(net, b, a)
+            self._announce(net, b, a)
+        for a, b in outgoing:
+            self._learn(net, a, b)
+
+    def _announce(self, net: Network, party: str, peer: str) -> None:
+        if (party, peer) not in self._announced:
+            identity = self._party(party).identity_bytes()
+            net.send_control(Message(IDENTITY_KIND, party, peer, 0, blobs={"identity": identity},
+                                     meta={"protocol": PROTOCOL}))
+            self._announced.add((party, peer))
+
+    def _learn(self, net: Network, party: str, peer: str) -> None:
+        pinned = self._party(party).credentials.pinned
+        if pinned.get(peer) is not None:
+            return
+        msg = net.receive_control(party, kind=IDENTITY_KIND, sender=peer)
+        raw = msg.blobs.get("identity", b"")
+        if (list(msg.meta.items()) != [("protocol", PROTOCOL)] or list(msg.blobs) != ["identity"] or len(raw) != 32
+                or msg.tensors or msg.step != 0):
+            raise HandshakeError(f"{peer}'s identity key message to {party} is malformed (it must be exactly "
+                                 f"{PROTOCOL}'s raw Ed25519 key); every party must run the same secvfl version")
+        try:
+            key = Ed25519PublicKey.from_public_bytes(raw)
+        except ValueError:
+            raise HandshakeError(f"{peer} sent {party} an invalid Ed25519 identity key") from None
+        pinned.pin(peer, key)
 
     # -- sealing ---------------------------------------------------------------------------------------------
     def outbound(self, messages: list[Message], party: str) -> list[Message]:
@@ -696,6 +815,11 @@ class SecureChannelLayer(Layer):
         st = self._party(party)
         session = st.sessions.get(message.receiver)
         if session is None:
+            if self.topology.local is not None:
+                raise ChannelError(f"{party} has no secure session with {message.receiver}: parties in separate "
+                                   "processes handshake at the start of each epoch, and none started since these "
+                                   "processes did (a run resumed after its last epoch's checkpoint, before its "
+                                   "summary, cannot evaluate under the channel across processes yet)")
             raise ChannelError(f"{party} has no secure session with {message.receiver}; "
                                "run SecureChannelLayer.establish(net) after building the network")
         if session.send_ctr >= _MAX_COUNTER:
@@ -791,8 +915,11 @@ class SecureChannelLayer(Layer):
 
     def start_epoch(self, net: Network, epoch: int) -> None:
         """Handshake again unless the sessions are still unused (a process that just established them): see the
-        module docstring, "Sessions and checkpoints"."""
-        if any(s.send_ctr for st in self._local.values() for s in st.sessions.values()):
+        module docstring, "Sessions and checkpoints". Parties in separate processes handshake at every epoch's start,
+        their first handshake included (the transport between their processes is up only then): every process
+        decides alike, without knowing whether the others' sessions were used."""
+        if self.topology.local is not None or any(s.send_ctr for st in self._local.values()
+                                                  for s in st.sessions.values()):
             self.establish(net)
 
     # Sessions hold live keys and are never checkpointed; every epoch starts with a fresh handshake.

@@ -109,11 +109,14 @@ class Run:
     setups: list[ProtocolSetup]
 
 
-def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = None) -> Run:
+def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = None, *, local: str | None = None
+              ) -> Run:
     """Load data, draw masks, assemble the protocol stack and build the algorithm's parties (no training).
 
     ``prepared``: the data and its partition, instead of loading ``cfg.dataset`` (a deployed party whose columns
-    come from its own file, secvfl.deploy.data)."""
+    come from its own file, secvfl.deploy.data). ``local``: the one party this process acts for when the parties
+    run in separate processes (secvfl.deploy); the protocol layers then set up that party's state only (its own
+    keys)."""
     limit_threads(cfg.threads)
     _seed_everything(cfg.seed)
     algo_cls = get_algorithm(cfg.algo)
@@ -134,7 +137,7 @@ def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = Non
     roles = algo_cls.party_roles(partition.n_blocks)
     if aggregation is not None:
         roles.update(aggregation.extra_roles())
-    net = Network(roles, layers=layers, aggregation=aggregation, traits=algo_cls.traits)
+    net = Network(roles, layers=layers, aggregation=aggregation, traits=algo_cls.traits, local=local)
     torch.manual_seed(cfg.seed)
     algorithm = algo_cls(ctx, net)
     for s in setups:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,12 +30,14 @@ from secvfl.certs import issue_certificates, write_certificates
 from secvfl.config import TrainConfig
 from secvfl.deploy.calls import call_message, read_call, read_result, result_message
 from secvfl.deploy.loopback import loopback_federation
-from secvfl.deploy.party import Timeouts, coordinate, run_names
+from secvfl.deploy.party import Timeouts, check_across_processes, coordinate, run_names
 from secvfl.deploy.remote import LEAVE_AT_ENV
 from secvfl.errors import MessageError, ProtocolError, UnsupportedError
 from secvfl.federation import load_federation, verify_peer_certificate
-from secvfl.messages import decode, encode
+from secvfl.messages import Message, decode, encode
+from secvfl.runner import build_run
 from secvfl.transport.grpc_link import CHUNK_BYTES, GrpcTransport, PartyLost, PeerAddress, TlsFiles
+from secvfl.transport.layers import Role
 
 
 def _federation(folder: Path, features: int = 2, *, aggregator: bool = False) -> Path:
@@ -209,12 +213,108 @@ def test_a_request_carries_arrays_tensors_and_specs_and_nothing_else() -> None:
 
 def test_protocols_not_yet_verified_across_processes_are_refused_before_training(tmp_path: Path) -> None:
     fed = load_federation(_federation(tmp_path, 3))
-    cfg = TrainConfig(algo="vafl", dataset="wine", parties=3, epochs=1, options={"secure_channel": True})
-    with pytest.raises(UnsupportedError, match="cannot run the secure-channel layer .*run it in one process"):
+    cfg = TrainConfig(algo="vafl", dataset="wine", parties=3, epochs=1,
+                      options={"privacy": "dp", "epsilon": 3.0, "dp_protect": "features"})
+    with pytest.raises(UnsupportedError, match="cannot run the dp layer \\(feature DP .*run it in one process"):
         coordinate(fed, cfg, out=None, resume=None, timeouts=Timeouts(wait=5), log=lambda _: None)
+    channel = TrainConfig(algo="vafl", dataset="wine", parties=3, epochs=1, options={"secure_channel": True})
+    check_across_processes(build_run(channel, local="label"), fed)  # the secure channel is no longer refused
     with pytest.raises(Exception, match="--parties 2, but federation 'demo' has 3 feature parties; set --parties 3"):
         coordinate(fed, TrainConfig(dataset="wine", parties=2, epochs=1), out=None, resume=None,
                    timeouts=Timeouts(wait=5), log=lambda _: None)
+
+
+def _channel_processes(fed: Path, key_dir: Path | None) -> dict[str, tuple]:
+    """Three parties as three 'processes' of this one (threads, each with its own transport, network and channel
+    layer holding only its own party's credentials)."""
+    from protocols.secure_plugins import RunChannelLayer
+    from secvfl.transport.network import Network
+
+    roles = {"label": Role.LABEL, "party0": Role.FEATURE, "party1": Role.FEATURE}
+    out = {}
+    for name in roles:
+        own = None
+        if key_dir is not None:  # as on its own host: its own private key and every party's public key, no more
+            own = key_dir.parent / f"keys-of-{name}"
+            own.mkdir()
+            for f in [key_dir / f"{name}.key.pem", *key_dir.glob("*.pub.pem")]:
+                shutil.copy2(f, own / f.name)
+        layer = RunChannelLayer(own)
+        out[name] = (Network(roles, transport=_transport(fed, name), layers=[layer], local=name), layer)
+    return out
+
+
+def _in_threads(work: dict[str, object]) -> None:
+    errors: list[BaseException] = []
+
+    def run(fn) -> None:  # noqa: ANN001
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(fn,)) for fn in work.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("with_key_files", [False, True], ids=["pins-over-mtls", "key-files"])
+def test_secure_channel_handshakes_between_processes_each_holding_only_its_own_key(tmp_path: Path,
+                                                                                    with_key_files: bool) -> None:
+    from protocols.channel import HANDSHAKE_KIND, IDENTITY_KIND, fingerprint
+    from protocols.secure_plugins import generate_channel_keys
+
+    fed = _federation(tmp_path, 2)
+    key_dir = generate_channel_keys(tmp_path / "keys", ["label", "party0", "party1"]) if with_key_files else None
+    procs = _channel_processes(fed, key_dir)
+    try:
+        for epoch in range(2):  # every epoch starts with fresh handshakes, each process running its own side
+            _in_threads({n: lambda net=net, layer=layer, e=epoch: layer.start_epoch(net, e)
+                         for n, (net, layer) in procs.items()})
+        fingerprints = {n: layer.describe()["identities"] for n, (_, layer) in procs.items()}
+        assert all(list(ids) == [n] for n, ids in fingerprints.items())  # its own key only
+        for n, (_, layer) in procs.items():
+            pins = layer._party(n).credentials.pinned  # each peer pinned under the key that peer holds
+            assert {p: fingerprint(pins.get(p)) for p in procs if p != n} == \
+                {p: fingerprints[p][p] for p in procs if p != n}
+        sent = {n: net.stats.messages_by_kind.get(HANDSHAKE_KIND, 0) for n, (net, _) in procs.items()}
+        assert sum(sent.values()) == 2 * 3 * 3  # 2 epochs x 3 pairs x 3 messages, as in one process
+        identities = {n: net.transport.control_stats.messages_by_kind.get(IDENTITY_KIND, 0)
+                      for n, (net, _) in procs.items()}
+        assert identities == ({"label": 0, "party0": 0, "party1": 0} if with_key_files else
+                              {"label": 2, "party0": 2, "party1": 2})  # once per pair and direction, not counted
+
+        label, party0 = procs["label"][0], procs["party0"][0]
+        msg = Message("embedding", "party0", "label", 1, {"embedding": torch.ones(2, 3)})
+        party0.send(msg)
+        assert party0.stats.bytes_by_kind["embedding"] > 0
+        got = label.receive("label", kind="embedding", sender="party0")
+        assert torch.equal(got.tensor("embedding"), torch.ones(2, 3))
+        assert procs["party0"][1].sealed == 1 and procs["label"][1].opened == 1
+    finally:
+        for net, _ in procs.values():
+            net.transport.close(0.5)
+
+
+def test_a_malformed_identity_key_from_a_peer_process_is_refused_before_any_handshake(tmp_path: Path) -> None:
+    from protocols.channel import HANDSHAKE_KIND, IDENTITY_KIND, HandshakeError
+
+    procs = _channel_processes(_federation(tmp_path, 2), None)
+    try:
+        (label, layer), (party0, _) = procs["label"], procs["party0"]
+        party0.send_control(Message(IDENTITY_KIND, "party0", "label", 0, blobs={"identity": b"\x01" * 31},
+                                    meta={"protocol": "secvfl-channel-v2"}))
+        with pytest.raises(HandshakeError, match="party0's identity key message to label is malformed"):
+            layer.start_epoch(label, 0)
+        assert not layer.has_session("label", "party0") and label.stats.messages_by_kind.get(HANDSHAKE_KIND, 0) == 0
+        with pytest.raises(MessageError, match="control messages are sent by this process's own party"):
+            label.send_control(Message(IDENTITY_KIND, "party0", "label", 0))
+    finally:
+        for net, _ in procs.values():
+            net.transport.close(0.5)
 
 
 # -- real party processes -----------------------------------------------------------------------------------------
@@ -244,6 +344,19 @@ _EQUIVALENT = [
                  id="eg-randk"),
     pytest.param(("--algo", "splitnn", "--dataset", "digits", "--epochs", "2", "--privacy", "dp", "--epsilon", "3",
                   "--dp-reproducible"), id="splitnn-label-dp"),
+    # each party process generates its own identity key; peers are pinned from their mutual-TLS links
+    pytest.param(("--algo", "splitnn", "--dataset", "digits", "--epochs", "2", "--secure-channel"),
+                 id="splitnn-channel"),
+    # each party process reads only its own <party>.key.pem of {keys} and pins the .pub.pem files
+    pytest.param(("--algo", "vafl", "--dataset", "digits", "--epochs", "2", "--secure-channel", "--channel-keys",
+                  "{keys}"), id="vafl-channel-keys"),
+    # feature parties seal for each other; the CKKS aggregator party opens and seals like any party
+    pytest.param(("--algo", "laser", "--dataset", "digits", "--epochs", "2", "--secure-channel"), id="laser-channel"),
+    pytest.param(("--algo", "vafl", "--dataset", "digits", "--epochs", "2", "--he", "ckks", "--secure-channel"),
+                 id="vafl-ckks-channel"),
+    # the masks' public keys are authenticated only by the channel: sealed between the parties' processes
+    pytest.param(("--algo", "vafl", "--dataset", "digits", "--epochs", "2", "--secagg", "mask", "--secure-channel"),
+                 id="vafl-mask-channel"),
 ]
 
 
@@ -253,6 +366,11 @@ def test_a_launched_federation_gives_the_in_process_metrics_and_bytes(tmp_path: 
                                                                       ) -> None:
     ckks = "ckks" in args
     fed = _federation(tmp_path / "fed", 4, aggregator=ckks)
+    if "{keys}" in args:
+        from protocols.secure_plugins import generate_channel_keys
+
+        keys = generate_channel_keys(tmp_path / "keys", ["label", *[f"party{i}" for i in range(4)]])
+        args = tuple(str(keys) if a == "{keys}" else a for a in args)
     common = ("--parties", "4", "--seed", "3", *args)
     done = _launch(fed, tmp_path / "run", *common)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -267,16 +385,24 @@ def test_a_launched_federation_gives_the_in_process_metrics_and_bytes(tmp_path: 
     else:
         assert got["comm"] == expected["comm"]  # every byte and message, per party, kind and link
     assert got["control"]["bytes_total"] > 0 and got["deployment"]["transport"] == "grpc+mtls"
+    if "--secure-channel" in args:  # sealed end to end: handshakes counted as in one process, every message sealed
+        pairs = {"laser": 6, "vafl": 15 if ckks else 10}.get(args[1], 10)  # every pair of the run's parties
+        assert got["comm"]["messages_by_kind"]["handshake"] == 2 * pairs * 3  # 2 epochs x 3 messages per pair
+        assert got["security"]["channel_keys"].startswith(
+            "key files" if "--channel-keys" in args else "generated by each party's process")
     for i in range(4):  # each feature party kept its own state, in its own directory
         assert list((tmp_path / "run" / f"party{i}").glob("state-*.pt"))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("protocols", [(), ("--secure-channel",)], ids=["plain", "channel"])
 def test_a_party_killed_mid_run_stops_the_run_with_its_name_and_the_run_resumes_to_the_same_result(
-        tmp_path: Path) -> None:
+        tmp_path: Path, protocols: tuple[str, ...]) -> None:
+    # with the channel, the restarted processes have new identity keys and no session: they handshake at the
+    # resumed epoch's start, where the uninterrupted run renews its sessions, so both send the same bytes
     fed = _federation(tmp_path / "fed", 3)
     common = ("--algo", "splitnn", "--dataset", "digits", "--parties", "3", "--epochs", "4", "--batch-size", "8",
-              "--seed", "1")
+              "--seed", "1", *protocols)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed), "--out", str(run),
            "--threads", "1", "--party-timeout", "60", "--peer-timeout", "5", *common]

@@ -221,6 +221,10 @@ def test_secure_channel_with_pinned_key_directory(tmp_path) -> None:
     (tmp_path / "party1.key.pem").unlink()
     with pytest.raises(ConfigError, match=r"lacks \['party1.key.pem'\]"):
         _train("vafl", {"secure_channel": True, "channel_keys": str(tmp_path)})
+    generate_channel_keys(tmp_path / "other", ["party1"])
+    (tmp_path / "other" / "party1.key.pem").rename(tmp_path / "party1.key.pem")  # not the key party1.pub.pem pins
+    with pytest.raises(ConfigError, match="party1.key.pem does not match party1.pub.pem"):
+        _train("vafl", {"secure_channel": True, "channel_keys": str(tmp_path)})
 
 
 def test_cli_train_with_he_ckks(tmp_path, capsys) -> None:

@@ -12,10 +12,11 @@ What crosses processes: the algorithm's messages (the same bytes as in one proce
 coordinator's requests with their answers (public facts: step numbers, row ids, party names, losses; counted
 apart, in ``control`` of summary.json).
 
-Protocol layers run where they act, in each party's own process, on its own messages; so far only the layers that
-say they can (``Layer.across_processes``: compression, label DP) and the aggregations that implement their halves
-(``Aggregation.across_processes``: plain, masking, CKKS with an aggregator party) are allowed. A run asking for
-another is refused before any party trains, with the reason.
+Protocol layers run where they act, in each party's own process, on its own messages (each process builds the run
+for its own party, ``build_run(cfg, local=...)``, so a layer sets up that party's keys only); so far only the layers
+that say they can (``Layer.across_processes``: compression, label DP, the secure channel) and the aggregations that
+implement their halves (``Aggregation.across_processes``: plain, masking, CKKS with an aggregator party) are allowed.
+A run asking for another is refused before any party trains, with the reason.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
             elif own is not None:
                 raise ProtocolError(f"{name} reads its own file, but the label party proposed a run on "
                                     f"{cfg.dataset!r}; every party of the federation must read its own file")
-            run = build_run(cfg, prepared)
+            run = build_run(cfg, prepared, local=me)
             check_across_processes(run, federation)
             run.net.transport = transport
             run.net.local = me
@@ -295,7 +296,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
     def build(cfg: TrainConfig) -> Any:
         _check_federation(federation, cfg)
         prepared, layout = align(cfg) if own is not None else (None, None)
-        run = build_run(cfg, prepared)
+        run = build_run(cfg, prepared, local=me)
         check_across_processes(run, federation)
         t0 = time.perf_counter()
         hello = (cfg.to_dict(),) if layout is None else (cfg.to_dict(), layout)

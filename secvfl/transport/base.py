@@ -7,6 +7,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from secvfl.errors import UnsupportedError
+
 __all__ = ["Transport", "CommStats"]
 
 
@@ -92,3 +94,8 @@ class Transport(ABC):
     @abstractmethod
     def pending(self, receiver: str | None = None) -> int:
         """Number of undelivered messages (for ``receiver``, or in total)."""
+
+    def put_control(self, sender: str, receiver: str, kind: str, data: bytes) -> None:
+        """Deliver deployment plumbing between party processes (requests, public set-up facts), counted apart from
+        the run's messages: a run with every party in one process has none."""
+        raise UnsupportedError("control messages travel only between parties in separate processes (secvfl.deploy)")

@@ -66,9 +66,12 @@ class AlgorithmTraits:
 
 @dataclass(frozen=True)
 class Topology:
-    """Who is who in a federation: party name -> role."""
+    """Who is who in a federation: party name -> role; ``local``: the one party this process acts for when the
+    parties run in separate processes (secvfl.deploy), None when every party is in this process. (A coordinator
+    may act for no party of the run: LASER-VFL's has no label party, so its ``local`` names none of ``roles``.)"""
 
     roles: Mapping[str, Role]
+    local: str | None = None
 
     def parties(self, role: Role) -> list[str]:
         return [p for p, r in self.roles.items() if r == role]

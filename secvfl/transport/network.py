@@ -55,8 +55,9 @@ class Network:
         layers: Sequence[Layer] = (),
         aggregation: Aggregation | None = None,
         traits: AlgorithmTraits | None = None,
+        local: str | None = None,
     ) -> None:
-        self.topology = Topology(dict(roles))
+        self.topology = Topology(dict(roles), local)
         self.transport = transport or InProcessTransport()
         self.layers = list(layers)
         self.aggregation = aggregation or PlainAggregation()
@@ -69,8 +70,9 @@ class Network:
         # Inputs parties submitted to the aggregation, per (receiver, kind), until the receiver aggregates them.
         self._submitted: dict[tuple[str, str], list[Message]] = {}
         # The one party this process acts for when the parties run in separate processes (secvfl.deploy); None:
-        # every party is here. Aggregations then run their halves (Aggregation.send_share and collect).
-        self.local: str | None = None
+        # every party is here. Aggregations then run their halves (Aggregation.send_share and collect), layers
+        # their own party's (topology.local).
+        self.local: str | None = local
         # Called with the epoch by start_epoch: a coordinator passes the epoch on to parties in other processes.
         self.epoch_listeners: list[Callable[[int], None]] = []
         # name -> (save, load): the state of a party in another process that holds no handle (a CKKS aggregator),
@@ -173,12 +175,33 @@ class Network:
         }
 
     def start_epoch(self, epoch: int) -> None:
-        """Tell the aggregation and every layer that an epoch begins (they renew per-epoch keys)."""
+        """Tell the aggregation and every layer that an epoch begins (they renew per-epoch keys). The listeners (the
+        parties in other processes) are told first: renewing keys may take messages from them."""
+        for listener in self.epoch_listeners:
+            listener(epoch)
         self.aggregation.start_epoch(self, epoch)
         for layer in self.layers:
             layer.start_epoch(self, epoch)
-        for listener in self.epoch_listeners:
-            listener(epoch)
+
+    # -- deployment plumbing between party processes (secvfl.deploy), outside the run's counted messages --------
+    def send_control(self, message: Message) -> None:
+        """Send ``message`` (public set-up facts, e.g. a public key) to a party in another process as control
+        traffic: counted in the transport's ``control_stats`` like the coordinator's requests, not with the run's
+        messages, which stay the bytes of the in-process run (where such facts need no message). No layer touches
+        it."""
+        if self.local is None or message.sender != self.local:
+            raise MessageError(f"control messages are sent by this process's own party ({self.local}), not "
+                               f"{message.sender}")
+        self._known(message.receiver)
+        self.transport.put_control(message.sender, message.receiver, message.kind, encode(message))
+
+    def receive_control(self, receiver: str, *, kind: str, sender: str) -> Message:
+        """Take the ``kind`` control message of ``sender`` (see :meth:`send_control`)."""
+        msg = decode(self.transport.take(receiver, kind=kind, sender=sender))
+        if (msg.kind, msg.sender, msg.receiver) != (kind, sender, receiver):
+            raise MessageError(f"{receiver} asked for a {kind} control message from {sender} but got a {msg.kind} "
+                               f"message from {msg.sender} to {msg.receiver}")
+        return msg
 
     def state_dict(self) -> dict:
         state = {"stats": self.stats.state_dict(), "layers": [layer.state_dict() for layer in self.layers],
