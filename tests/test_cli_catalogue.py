@@ -559,6 +559,10 @@ CASES: list[Case] = [
          id="vim-prox-nan"),
     Case((*_TRAIN, "--algo", "vimsgd", "--vim-prox", "0.3"), "--vim-prox applies to --algo vimadmm/vimadmm-j only, "
          "not vimsgd", id="vim-prox-for-vimsgd"),
+    Case((*_TRAIN, "--algo", "vimadmm-j", "--vim-residual", "round-start"), "--vim-residual applies to --algo "
+         "vimadmm only, not vimadmm-j", id="vim-residual-for-vimadmm-j"),
+    Case((*_TRAIN, "--algo", "vimadmm", "--vim-residual", "old"), "argument --vim-residual: invalid choice: 'old'",
+         id="vim-residual-unknown"),
     Case((*_TRAIN, "--algo", "vimadmm", "--vim-rho", "0"), "--vim-rho must be a finite number > 0, got 0.0",
          id="vim-rho-0"),
     Case((*_TRAIN, "--algo", "vimadmm", "--vim-rho", "inf"), "--vim-rho must be a finite number > 0, got inf",

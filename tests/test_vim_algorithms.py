@@ -60,14 +60,18 @@ def _objective(out: torch.Tensor, lam: torch.Tensor, s: torch.Tensor, rho: float
     return value.mean()
 
 
-@pytest.mark.parametrize("prox", [0.0, 0.5])
-@pytest.mark.parametrize("algo", ["vimadmm", "vimadmm-j"])
-def test_one_round_matches_the_papers_equations(algo: str, prox: float) -> None:
+@pytest.mark.parametrize(("algo", "prox", "residual"), [
+    ("vimadmm", 0.0, "new-heads"), ("vimadmm", 0.5, "new-heads"), ("vimadmm", 0.0, "round-start"),
+    ("vimadmm-j", 0.0, None), ("vimadmm-j", 0.5, None)])
+def test_one_round_matches_the_papers_equations(algo: str, prox: float, residual: str | None) -> None:
     """One round (the whole training split is one batch) against eqs. 6-10 (vimadmm) or 16-20 (vimadmm-j), with
     the z-update by scipy, the head step and the parties' momentum SGD written out here, in float64. ``prox`` C > 0
     adds gamma/2 ||o - o_0||^2, gamma = C (M - 1) rho, to the parties' local objectives (o_0: the output when the
-    round began, with the round's new head for vimadmm)."""
-    run = build_run(_config(algo, options={"vim_prox": prox} if prox else {}))
+    round began, with the round's new head for vimadmm). ``residual`` round-start: eq. 9 with the heads W^t."""
+    options = {"vim_prox": prox} if prox else {}
+    if residual is not None:
+        options["vim_residual"] = residual
+    run = build_run(_config(algo, options=options))
     gamma = prox * (2 - 1) * RHO[algo]
     alg, rho = run.algorithm, RHO[algo]
     models = [copy.deepcopy(fp.model) for fp in alg.feature_parties]
@@ -93,8 +97,11 @@ def test_one_round_matches_the_papers_equations(algo: str, prox: float) -> None:
         bias = heads.bias.detach() - LR * (g_out.sum(0) + BETA * heads.bias.detach())
         for w, got in zip(weights, alg.label_party.head.weights, strict=True):
             np.testing.assert_allclose(got.detach().numpy(), w.numpy(), atol=1e-7)
-        full = sum(h @ w for h, w in zip(hs, weights, strict=True)) + bias
-        residuals = [z - (full - h @ w) for h, w in zip(hs, weights, strict=True)]  # eq. 9
+        if residual == "round-start":  # the heads the round began with (v is their output)
+            residuals = [z - (v - h @ w) for h, w in zip(hs, heads.weights, strict=True)]
+        else:
+            full = sum(h @ w for h, w in zip(hs, weights, strict=True)) + bias
+            residuals = [z - (full - h @ w) for h, w in zip(hs, weights, strict=True)]  # eq. 9
     else:
         with torch.no_grad():
             own = [m(x) for m, x in zip(models, xs, strict=True)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from secvfl.options import Options, option
 
@@ -46,6 +47,11 @@ class VIMOptions(Options):
              "gamma = C (M - 1) rho, to eq. 10/19/20 so that M parties closing the same gap in parallel do not "
              "overshoot it (proximal Jacobian ADMM; 0: the paper's objective)", metavar="C",
         check=(lambda v: 0 <= v <= 100, "in [0, 100]"), algos=ADMM_ALGOS)
+    vim_residual: Literal["new-heads", "round-start"] = option(
+        "new-heads", "vimadmm: the other parties' heads in the residual s^k sent to party k: new-heads (eq. 9 as "
+                     "printed: z - sum_{i != k} h^i W_i^{t+1}) or round-start (W_i^t, the heads the round's z came "
+                     "from, as in the authors' code; trains on MNIST where new-heads diverges)",
+        algos=("vimadmm",))
     vim_momentum: float = option(
         0.9, "vim*: momentum of the parties' SGD", check=(lambda v: 0 <= v < 1, "in [0, 1)"))
     vim_beta: float = option(

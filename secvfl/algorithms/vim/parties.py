@@ -32,10 +32,11 @@ from secvfl.parties import (
     standard_backward,
 )
 
-__all__ = ["ADMMFeatureParty", "ADMMLabelParty", "DUAL_KIND", "HEAD_KIND", "admm_objective"]
+__all__ = ["ADMMFeatureParty", "ADMMLabelParty", "DUAL_KIND", "HEAD_KIND", "RESIDUALS", "admm_objective"]
 
 DUAL_KIND = register_kind("dual")  # label party -> party k: lambda_B and the residual s^k_B (VIMADMM-J: z - sum o)
 HEAD_KIND = register_kind("head")  # label party -> party k (VIMADMM): its linear head W_k
+RESIDUALS = ("new-heads", "round-start")  # VIMADMM's residual s^k: see ADMMLabelParty
 
 _NO_FEATURE_DP = (
     "feature DP accounts one clipped, noised gradient per row and epoch through the party's release rule, but a "
@@ -193,13 +194,25 @@ class ADMMLabelParty(LabelParty):
     ``optimizer``) or VIMADMM-J (``head``: the identity on the sum of the logits; ``optimizer`` None).
 
     Keeps ``lam`` (training rows x outputs), the dual variable of every training row; ``z`` needs no state (eq. 6
-    recomputes it from ``lam`` and the round's outputs)."""
+    recomputes it from ``lam`` and the round's outputs).
+
+    ``residual`` (VIMADMM): which heads of the other parties the residual ``s^k`` of eq. 9 holds. ``"new-heads"``:
+    ``z - sum_{i != k} h^i W_i^{t+1}``, eq. 9 as printed. ``"round-start"``: ``z - sum_{i != k} h^i W_i^t`` (and the
+    bias of the round's start), the other parties' outputs that z was computed from, as in the authors' code
+    (AI-secure/VFL-ADMM ``fedclient/admmsplit.py``: the residual is built from the logits of the forward pass) and as
+    eq. 8 holds the other heads: party k's block (W_k, theta_k) is then stepped against the others' round-start
+    outputs. With ``"new-heads"`` the starting gradient of every party's eq. 10 also holds ``rho sum_i h^i (W_i^{t+1}
+    - W_i^t)``, the move of all 14 heads together, and on MNIST (14 parties, eta 0.05-0.1) the rounds blow up within
+    the first epoch; with ``"round-start"`` they train (BENCHMARKS.md "VIMADMM: the residual")."""
 
     def __init__(self, name: str, labels: dict[str, np.ndarray], head: nn.Module,
                  optimizer: torch.optim.Optimizer | None, n_classes: int, *, outputs: int, rho: float, tol: float,
                  algo: str, device: torch.device, dtype: torch.dtype = torch.float32,
-                 input_kind: str = "embedding") -> None:
+                 input_kind: str = "embedding", residual: str = "new-heads") -> None:
         self.algo = algo
+        if residual not in RESIDUALS:
+            raise UnsupportedError(f"{algo}: residual {residual!r}; choose one of {', '.join(RESIDUALS)}")
+        self.residual = residual
         super().__init__(name, labels, head, optimizer, n_classes, device=device, dtype=dtype,  # type: ignore[arg-type]
                          input_kind=input_kind)
         self.rho, self.tol = rho, tol
@@ -246,13 +259,21 @@ class ADMMLabelParty(LabelParty):
             messages = [Message(DUAL_KIND, self.name, s, step, {"dual": lam, "residual": gap}) for s in senders]
             return loss, [self.tagger.tag(m, "train", ids, train=True) for m in messages]
         assert isinstance(self.head, PartyHeads) and self.optimizer is not None
+
+        def outputs() -> tuple[list[torch.Tensor], torch.Tensor]:  # h^k W_k per party, and their sum with the bias
+            with torch.no_grad():
+                parts = self.head.party_logits(xs)
+                return parts, torch.stack(parts).sum(dim=0) + self.head.bias
+
+        if self.residual == "round-start":  # the others' outputs with the heads W^t that v (and z) came from
+            parts, full = outputs()
         self.optimizer.zero_grad(set_to_none=True)  # eq. 8: one SGD step of every head at the new lambda and z
         admm_objective(self.head(xs), lam, z, self.rho).backward()
         self.optimizer.step()
+        if self.residual == "new-heads":
+            parts, full = outputs()
         messages = []
         with torch.no_grad():
-            parts = self.head.party_logits(xs)
-            full = torch.stack(parts).sum(dim=0) + self.head.bias
             for k, s in enumerate(senders):
                 residual = z - (full - parts[k])  # eq. 9: z - sum_{i != k} h^i W_i (and the bias)
                 dual = Message(DUAL_KIND, self.name, s, step, {"dual": lam, "residual": residual})

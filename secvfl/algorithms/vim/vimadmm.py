@@ -3,7 +3,8 @@
 A round on batch B (every arrow is a message through the network)::
 
     party k  --embedding h^k_B (B x d_f)-------------------------->  label party
-             label party: z_B (eq. 6), lambda_B (eq. 7), one SGD step of every W_k and b (eq. 8), s^k_B (eq. 9)
+             label party: z_B (eq. 6), lambda_B (eq. 7), one SGD step of every W_k and b (eq. 8), s^k_B (eq. 9;
+             --vim-residual round-start: with the heads W^t)
     label    --dual {dual: lambda_B, residual: s^k_B} (2 x B x d_c)->  party k
     label    --head {weight: W_k} (d_f x d_c)---------------------->  party k
              party k: --vim-local-steps SGD steps on eq. 10 on the same batch
@@ -49,7 +50,7 @@ class VIMADMM(VIMAlgorithm):
         heads = PartyHeads(self.ctx.partition.n_blocks, self.d_f, self.d_c)
         party = ADMMLabelParty(LABEL_PARTY, labels, heads, label_sgd(heads.parameters(), o, self.lr), n_classes,
                                outputs=self.d_c, rho=o.rho_for(self.name), tol=o.vim_z_tol, algo=self.name,
-                               device=self.ctx.device, dtype=self.ctx.dtype)
+                               device=self.ctx.device, dtype=self.ctx.dtype, residual=o.vim_residual)
         return ADMMLabelHandle(party, self.net)
 
     def round(self, ids: np.ndarray, present: list[str]) -> float:
