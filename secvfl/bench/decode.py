@@ -124,6 +124,19 @@ def _request_traffic() -> None:
     transport.put("party0", "label", answer.kind, encode(answer))
 
 
+def _identity_traffic() -> None:
+    """The secure channel's identity announcements, as parties in separate processes send them (control)."""
+    from protocols.channel import IDENTITY_KIND, PROTOCOL, IdentityKey
+    from secvfl.messages import Message, encode
+    from secvfl.transport.inprocess import InProcessTransport
+
+    transport = InProcessTransport()
+    for sender, receiver in (("party0", "label"), ("label", "party0")):
+        raw = IdentityKey.generate().public_key.public_bytes_raw()
+        message = Message(IDENTITY_KIND, sender, receiver, 0, blobs={"identity": raw}, meta={"protocol": PROTOCOL})
+        transport.put(sender, receiver, message.kind, encode(message))
+
+
 def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
     """Encoded messages of every kind, captured at the transport during short real runs: ``corpus_key -> bytes``.
 
@@ -139,6 +152,7 @@ def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
         _masked_sum_traffic()
         _psi_traffic()
         _request_traffic()
+        _identity_traffic()
     by_key: dict[str, list[bytes]] = {}
     for data in dict.fromkeys(captured):  # distinct, in capture order
         by_key.setdefault(corpus_key(decode(data)), []).append(data)
