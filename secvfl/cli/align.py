@@ -21,12 +21,11 @@ import gzip
 import io
 import json
 import time
-from collections import Counter
 from pathlib import Path
 
 from protocols.psi import align
 from secvfl.cli.paths import check_output_file, write_output_text
-from secvfl.data.files import READ_ERRORS, check_readable_file, describe_read_error
+from secvfl.data.files import READ_ERRORS, check_readable_file, check_unique_ids, describe_read_error
 from secvfl.errors import ConfigError, DataError
 from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
@@ -93,10 +92,7 @@ def read_ids(path: Path, column: str) -> list[str]:
         raise DataError(f"cannot read {path} as UTF-8 CSV (.csv or .csv.gz): {describe_read_error(exc)}") from None
     if not ids:
         raise DataError(f"{path} has a header but no rows; every party needs at least one id to align")
-    repeated = [i for i, c in Counter(ids).items() if c > 1]
-    if repeated:
-        raise DataError(f"{path} repeats {len(repeated)} id(s) in {column!r} (e.g. {repeated[:3]}); "
-                        "each row needs a unique id to be aligned")
+    check_unique_ids(ids, path, column)
     return ids
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
+from collections import Counter
 from pathlib import Path
 
 from secvfl.errors import DataError
 
-__all__ = ["check_readable_file", "describe_read_error", "READ_ERRORS"]
+__all__ = ["check_readable_file", "check_unique_ids", "describe_read_error", "READ_ERRORS"]
 
 # What reading a (possibly gzipped) text file raises on a bad file; zlib.error is not an OSError.
 READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError)
@@ -34,3 +35,11 @@ def describe_read_error(exc: BaseException) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})"
     return str(exc)
+
+
+def check_unique_ids(ids: list[str], path: Path, column: str) -> None:
+    """DataError if an id repeats: a party's rows are aligned by id (``secvfl align``, deployed parties' files)."""
+    repeated = [i for i, c in Counter(ids).items() if c > 1]
+    if repeated:
+        raise DataError(f"{path} repeats {len(repeated)} id(s) in {column!r} (e.g. {repeated[:3]}); "
+                        "each row needs a unique id to be aligned")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,7 +40,7 @@ from secvfl.config import TrainConfig
 from secvfl.data import Dataset
 from secvfl.data.csv_loader import MISSING_TOKENS, encode_column, encode_labels, read_csv_rows
 from secvfl.data.dataset import RawData
-from secvfl.data.files import check_readable_file
+from secvfl.data.files import check_readable_file, check_unique_ids
 from secvfl.data.masks import parse_p_miss
 from secvfl.data.partition import Partition, partition_columns
 from secvfl.data.preprocess import prepare, split_rows
@@ -129,10 +128,7 @@ def read_own_file(spec: DataSpec, party: str) -> OwnFile:
     empty = [i for i, v in enumerate(ids) if not v]
     if empty:
         raise DataError(f"{spec.file} line {body_lines[empty[0]]}: empty id in {spec.id!r}; every row needs an id")
-    repeated = [i for i, c in Counter(ids).items() if c > 1]
-    if repeated:
-        raise DataError(f"{spec.file} repeats {len(repeated)} id(s) in {spec.id!r} (e.g. {repeated[:3]}); each row "
-                        "needs a unique id to be aligned")
+    check_unique_ids(ids, spec.file, spec.id)
     own = OwnFile(party, spec.file, ids, body_lines)
     if spec.label is not None:
         keep = [i for i, v in enumerate(cells[spec.label]) if v.lower() not in MISSING_TOKENS]

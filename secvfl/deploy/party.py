@@ -201,7 +201,6 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
             run = build_run(cfg, prepared, local=me)
             check_across_processes(run, federation)
             run.net.transport = transport
-            run.net.local = me
             server.handle = run.algorithm.handles().get(me)  # the aggregator has none: it acts on messages
             server.hello_done = True
             held.update(cfg=cfg, net=run.net)  # the rest of the run (other parties' objects) is dropped here
@@ -314,7 +313,6 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         if hasattr(run.algorithm, "depart"):  # any observed set of parties predicts (LASER-VFL and its baselines)
             _test_without_departed(run.algorithm, link, remote, departed, log, timeouts.wait)
         run.net.transport = transport
-        run.net.local = me
         run.net.epoch_listeners.append(
             lambda epoch: [link.call(p, START_EPOCH, (epoch,), reply=False) for p in remote + helpers])
         for party in helpers:  # checkpointed by the party itself, like the others (their handles do it for them)
