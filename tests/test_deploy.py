@@ -395,14 +395,21 @@ def test_a_launched_federation_gives_the_in_process_metrics_and_bytes(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocols", [(), ("--secure-channel",)], ids=["plain", "channel"])
+@pytest.mark.parametrize("protocols", [(), ("--secure-channel",), ("own-files",)], ids=["plain", "channel", "own-files"])
 def test_a_party_killed_mid_run_stops_the_run_with_its_name_and_the_run_resumes_to_the_same_result(
         tmp_path: Path, protocols: tuple[str, ...]) -> None:
     # with the channel, the restarted processes have new identity keys and no session: they handshake at the
-    # resumed epoch's start, where the uninterrupted run renews its sessions, so both send the same bytes
-    fed = _federation(tmp_path / "fed", 3)
-    common = ("--algo", "splitnn", "--dataset", "digits", "--parties", "3", "--epochs", "4", "--batch-size", "8",
-              "--seed", "1", *protocols)
+    # resumed epoch's start, where the uninterrupted run renews its sessions, so both send the same bytes;
+    # with their own files, the restarted parties align their rows again (the digest must match) before resuming
+    if protocols == ("own-files",):
+        from test_deploy_data import _files
+
+        fed = loopback_federation(tmp_path / "fed", 2, data=_files(tmp_path / "fed")["tables"])
+        common = ("--algo", "splitnn", "--parties", "2", "--epochs", "4", "--batch-size", "8", "--seed", "1")
+    else:
+        fed = _federation(tmp_path / "fed", 3)
+        common = ("--algo", "splitnn", "--dataset", "digits", "--parties", "3", "--epochs", "4", "--batch-size",
+                  "8", "--seed", "1", *protocols)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed), "--out", str(run),
            "--threads", "1", "--party-timeout", "60", "--peer-timeout", "5", *common]
