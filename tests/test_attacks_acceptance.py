@@ -47,7 +47,7 @@ def test_credit_randomized_response_meets_its_ceiling(data_dir) -> None:  # noqa
 
 
 def test_mnist_passive_completion_beats_supervised_only(data_dir) -> None:  # noqa: ANN001
-    cfg = TrainConfig(algo="splitnn", dataset="mnist", data_dir=str(data_dir), parties=4, epochs=3, bottom="cnn",
+    cfg = TrainConfig(algo="splitnn", dataset="mnist", data_dir=str(data_dir), parties=4, epochs=2, bottom="cnn",
                       device="cpu")
     rec = train_recorded(cfg, "party0", log=quiet)
     (res,) = model_completion(rec, [40], config=CompletionConfig(epochs=20))

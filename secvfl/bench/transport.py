@@ -4,8 +4,10 @@ against the same run in one process, on the same settings and seed.
 Each repeat runs both sides back to back (interleaved, so both see the same machine load) with one torch thread per
 process. Reported per dataset: the median epoch time of each side and their ratio, the time per training step,
 the counted message bytes (identical on both sides: checked), the frame bytes the gRPC transport handed to gRPC,
-the party-handle requests (control) and the bytes that crossed the loopback interface during the run (TLS,
-HTTP/2 and TCP/IP framing included, and anything else on loopback at the time: read it as an upper bound).
+the party-handle requests (control), every process's CPU time and how many cores they kept busy (the sum near the
+machine's core count: the run waited for cores, not for messages), and the bytes that crossed the loopback
+interface during the run (TLS, HTTP/2 and TCP/IP framing included, and anything else on loopback at the time: read
+it as an upper bound).
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class TransportBench:
             "loopback_over_counted": round(statistics.median(measured) / counted, 3) if measured else None,
             # the coordinator's (label party's) time blocked on the feature parties' messages and answers, per epoch
             "grpc_coordinator_wait_seconds_per_epoch": _median_wait(remote, epochs),
+            **_cpu(remote, epochs),
             "test_metrics": remote[0]["metrics"]["test"],
         }
 
@@ -118,6 +121,19 @@ def _median_wait(summaries: list[dict], epochs: int) -> float | None:
     waits = [s.get("deployment", {}).get("coordinator_wait_seconds") for s in summaries]
     waits = [w / epochs for w in waits if w is not None]
     return round(statistics.median(waits), 4) if waits else None
+
+
+def _cpu(summaries: list[dict], epochs: int) -> dict:
+    """CPU seconds per epoch of every process of the launched run (the median run by total), and how many cores
+    they kept busy on average: near the machine's core count, the run waited for cores, not for messages."""
+    runs = [(s.get("deployment", {}).get("cpu_seconds"), s["wall_seconds"]) for s in summaries]
+    runs = sorted(((sum(c.values()), c, w) for c, w in runs if c), key=lambda r: r[0])
+    if not runs:
+        return {}
+    total, per_process, wall = runs[len(runs) // 2]
+    return {"grpc_cpu_seconds_per_epoch_all_processes": round(total / epochs, 3),
+            "grpc_cpu_seconds_per_epoch_by_process": {p: round(c / epochs, 3) for p, c in per_process.items()},
+            "grpc_busy_cores": round(total / wall, 2)}
 
 
 def _run(cmd: list[str]) -> None:

@@ -47,6 +47,7 @@ from secvfl.deploy.data import (
     with_federation_dataset,
 )
 from secvfl.deploy.remote import (
+    CPU,
     HELLO,
     LOAD,
     SAVE,
@@ -203,6 +204,7 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
             run.net.transport = transport
             server.handle = run.algorithm.handles().get(me)  # the aggregator has none: it acts on messages
             server.hello_done = True
+            server.mark_run_start()
             held.update(cfg=cfg, net=run.net)  # the rest of the run (other parties' objects) is dropped here
             log(f"{name} ({me}) ready: {cfg.algo} on {cfg.dataset}, {cfg.epochs} epochs")
             return {"ready": me}
@@ -266,6 +268,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
     started: list[str] = []
     alignment: dict[str, Any] = {}
     departed: dict[str, str] = {}  # feature parties that left during the test evaluation, and why
+    cpu_since = [time.process_time()]
 
     def align(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
         """Private set intersection with every feature party, the rows of each split, each party's width."""
@@ -309,6 +312,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         if sorted(swapped) != sorted(remote):
             raise SecvflError(f"{cfg.algo}: its handles are {swapped}, the federation's feature parties {remote}")
         transport.waited_seconds = 0.0  # from here on: the run's own waits, not the parties' start-up
+        cpu_since[0] = time.process_time()
         transport.stats = FederatedStats(lambda: [link.call(p, STATS) for p in remote + helpers if p not in departed])
         if hasattr(run.algorithm, "depart"):  # any observed set of parties predicts (LASER-VFL and its baselines)
             _test_without_departed(run.algorithm, link, remote, departed, log, timeouts.wait)
@@ -330,6 +334,12 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
                                "parties": {p.name: str(p.address) for p in federation.parties},
                                # the coordinator's time blocked on messages and answers (the rest is its own work)
                                "coordinator_wait_seconds": round(transport.waited_seconds, 3),
+                               # each process's CPU time (all its threads) from the run's build to the end of
+                               # training and evaluation: their sum against the wall time says whether the
+                               # federation waited for cores or for messages
+                               "cpu_seconds": {me: round(time.process_time() - cpu_since[0], 3),
+                                               **{p: link.call(p, CPU)["cpu_seconds"] for p in started
+                                                  if p not in departed}},
                                "frame_bytes_sent_and_received": transport.wire_stats.bytes_total}}
 
     try:

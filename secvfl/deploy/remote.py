@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import io
 import os
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,10 +33,10 @@ from secvfl.transport.base import CommStats
 from secvfl.transport.grpc_link import ERROR_KIND, GrpcTransport, PartyLost
 
 __all__ = ["PartyLink", "RemoteHandle", "PartyServer", "FederatedStats", "swap_remote_handles", "STOP", "HELLO",
-           "BARRIER", "LEAVE_AT_ENV"]
+           "BARRIER", "CPU", "LEAVE_AT_ENV"]
 
-STOP, HELLO, START_EPOCH, STATS, SAVE, LOAD, BARRIER = "__stop__", "__hello__", "__start_epoch__", "__stats__", \
-    "__save__", "__load__", "__barrier__"
+STOP, HELLO, START_EPOCH, STATS, SAVE, LOAD, BARRIER, CPU = "__stop__", "__hello__", "__start_epoch__", \
+    "__stats__", "__save__", "__load__", "__barrier__", "__cpu__"
 BARRIER_KIND = "party-barrier"  # control: nothing a party sent to another before it is still on the way
 _KEEP_STATES = 3  # state files a party keeps (the coordinator keeps its two latest checkpoints)
 _PEER_LOST = "__party_lost__"  # an answer: the request failed because another party (named) is gone
@@ -191,7 +192,13 @@ class PartyServer:
         self.log = log
         self.handle: LocalHandle | None = None
         self.hello_done = False
+        # CPU time of this process (every thread: gRPC's included) since the run was built; see mark_run_start
+        self.cpu_since = time.process_time()
         self.on_call: Callable[[str, list, dict], Any] = lambda *_: NotImplemented
+
+    def mark_run_start(self) -> None:
+        """From here on the process works for the run (after its imports, data and build): what ``CPU`` answers."""
+        self.cpu_since = time.process_time()
 
     def serve(self, on_message: Callable[[str, str], None] | None = None) -> None:
         """Answer requests until the coordinator's stop. ``on_message(sender, kind)``, if given, is called for
@@ -249,6 +256,8 @@ class PartyServer:
             return result
         if method == STOP:
             return None
+        if method == CPU:  # where a deployed run's time goes (secvfl bench transport): this process's share
+            return {"cpu_seconds": round(time.process_time() - self.cpu_since, 3)}
         if method == BARRIER:  # every earlier request of the coordinator is done: drop what came before
             peers = [str(p) for p in args[0]]
             for peer in [*peers, self.coordinator]:
