@@ -3,6 +3,12 @@
 Both train the same layers (the monolithic model is built from copies of the parties' initial weights) on the same
 batches in the same order with the same optimiser, in one process with a fixed thread count. The ratio is the cost
 of party isolation: encoding and decoding every message, counting bytes, per-party optimisers.
+
+A third side, the **bare split**, trains the same layers once more in plain torch with the parties kept apart and
+nothing else: one graph, one backward and one Adam per party, the head fed detached leaves. Its ratio to the
+monolithic epoch is the floor under the first ratio (what isolation costs before any secvfl code runs); the split
+epoch over the bare one is what secvfl adds. The three end with the same weights (reported, as a check that they
+did the same work).
 """
 
 from __future__ import annotations
@@ -38,6 +44,34 @@ class MonolithicSplitModel(nn.Module):
         return self.head([f(x) for f, x in zip(self.bottoms, x_blocks, strict=True)])
 
 
+class BareSplit:
+    """The split computation with the parties kept apart, in plain torch: each bottom's own graph, backward and
+    Adam; the head trained on detached copies of the bottoms' outputs, whose gradients go back to each bottom."""
+
+    def __init__(self, bottoms: list[nn.Module], head: nn.Module, lr: float) -> None:
+        self.bottoms, self.head = bottoms, head
+        self.bottom_opts = [torch.optim.Adam(m.parameters(), lr=lr) for m in bottoms]
+        self.head_opt = torch.optim.Adam(head.parameters(), lr=lr)
+
+    def step(self, xs: list[torch.Tensor], y: torch.Tensor, loss_fn) -> None:  # noqa: ANN001
+        outs = [m(x) for m, x in zip(self.bottoms, xs, strict=True)]
+        leaves = [o.detach().requires_grad_(True) for o in outs]
+        self.head_opt.zero_grad(set_to_none=True)
+        loss_fn(self.head(leaves), y).backward()
+        self.head_opt.step()
+        for model, out, leaf, opt in zip(self.bottoms, outs, leaves, self.bottom_opts, strict=True):
+            params = list(model.parameters())
+            for p, g in zip(params, torch.autograd.grad(out, params, leaf.grad), strict=True):
+                p.grad = g
+            opt.step()
+
+
+@torch.no_grad()
+def _max_param_diff(a: list[nn.Module], b: list[nn.Module]) -> float:
+    return max(float((p - q).abs().max()) for x, y in zip(a, b, strict=True)
+               for p, q in zip(x.parameters(), y.parameters(), strict=True))
+
+
 @BENCHES.register("overhead")
 class OverheadBench:
     help = "epoch time of split-NN through isolated parties / monolithic model (same layers, same data order)"
@@ -64,6 +98,7 @@ class OverheadBench:
         head = copy.deepcopy(algo.label_party.head)
         mono = MonolithicSplitModel(bottoms, head, list(run.ctx.partition.blocks))
         opt = torch.optim.Adam(mono.parameters(), lr=cfg.lr)
+        bare = BareSplit([copy.deepcopy(b) for b in bottoms], copy.deepcopy(head), cfg.lr)
         X = torch.as_tensor(run.ctx.data.X_train)
         xb = [X[:, b].contiguous() for b in mono.blocks]
         y = torch.as_tensor(run.ctx.data.y_train)
@@ -78,12 +113,19 @@ class OverheadBench:
                 loss.backward()
                 opt.step()
 
-        split, mono_ = [], []
-        for epoch in range(args.repeats):  # interleaved, so both sides see the same machine load
+        def bare_epoch(epoch: int) -> None:
+            for ids in batch_ids(rows, cfg.batch_size, cfg.seed, epoch):
+                idx = torch.as_tensor(ids)
+                bare.step([x[idx] for x in xb], y[idx], loss_fn)
+
+        split, mono_, bare_ = [], [], []
+        for epoch in range(args.repeats):  # interleaved, so every side sees the same machine load
             split.append(timed_wall_cpu(lambda e=epoch: algo.train_epoch(e)))
             mono_.append(timed_wall_cpu(lambda e=epoch: mono_epoch(e)))
-        split_wall, mono_wall = (statistics.median(t[0] for t in ts) for ts in (split, mono_))
-        split_cpu, mono_cpu = (statistics.median(t[1] for t in ts) for ts in (split, mono_))
+            bare_.append(timed_wall_cpu(lambda e=epoch: bare_epoch(e)))
+        split_wall, mono_wall, bare_wall = (statistics.median(t[0] for t in ts) for ts in (split, mono_, bare_))
+        split_cpu, mono_cpu, bare_cpu = (statistics.median(t[1] for t in ts) for ts in (split, mono_, bare_))
+        trained = [*(fp.model for fp in algo.feature_parties), algo.label_party.head]
         return {
             "benchmark": "overhead",
             # CPU time on one thread is the work each side does; the wall ratio is also given (it equals the CPU
@@ -96,6 +138,16 @@ class OverheadBench:
             "monolithic_epoch_seconds": round(mono_wall, 4),
             "split_epoch_wall_cpu_all": [[round(w, 4), round(c, 4)] for w, c in split],
             "monolithic_epoch_wall_cpu_all": [[round(w, 4), round(c, 4)] for w, c in mono_],
+            # the floor: plain torch with the parties kept apart (CPU), and what secvfl adds over it
+            "bare_split_epoch_cpu_seconds": round(bare_cpu, 4),
+            "bare_split_epoch_seconds": round(bare_wall, 4),
+            "bare_split_epoch_wall_cpu_all": [[round(w, 4), round(c, 4)] for w, c in bare_],
+            "floor_ratio": round(bare_cpu / mono_cpu, 4),
+            "split_over_bare_split": round(split_cpu / bare_cpu, 4),
+            # the three sides did the same work: their weights after the last epoch (float32 rounding apart)
+            "max_abs_weight_difference": {
+                "monolithic_vs_split": _max_param_diff([*mono.bottoms, mono.head], trained),
+                "bare_split_vs_split": _max_param_diff([*bare.bottoms, bare.head], trained)},
             "bytes_per_epoch": run.net.stats.bytes_total // max(1, args.repeats),
             "batches_per_epoch": algo.batches_per_epoch(),
             "config": {"dataset": args.dataset, "parties": args.parties, "batch_size": args.batch_size,
