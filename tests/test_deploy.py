@@ -332,10 +332,10 @@ def _in_process(tmp: Path, *args: str) -> dict:
 
 
 # Each launch starts five processes (most of a case's time), so a protocol layer is tried on top of another case
-# where the two compose: the channel case of an algorithm also checks the algorithm, the randk case EG.
+# where the two compose: the channel cases of an algorithm also check the algorithm (vafl: three of them), the
+# randk case EG.
 _EQUIVALENT = [
     pytest.param(("--algo", "splitnn", "--dataset", "digits", "--epochs", "2"), id="splitnn"),
-    pytest.param(("--algo", "vafl", "--dataset", "digits", "--epochs", "2"), id="vafl"),
     pytest.param(("--algo", "splitnn", "--dataset", "digits", "--epochs", "2", "--compress", "topk:0.1+ef"),
                  id="splitnn-compress-ef"),
     pytest.param(("--algo", "eg", "--dataset", "breast_cancer", "--epochs", "2", "--compress", "randk:0.1+ef"),
