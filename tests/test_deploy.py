@@ -470,3 +470,16 @@ def test_laser_inference_goes_on_without_a_party_that_leaves_during_the_test(tmp
         assert got["metrics"]["test"][key] == pytest.approx(value, rel=1e-9), key
     algorithm.departed.clear()
     assert algorithm.score("test")["accuracy"] != pytest.approx(expected["accuracy"], abs=1e-12)  # party2 mattered
+
+
+def test_bench_transport_reports_the_median_run_s_cpu_and_the_cores_it_kept_busy() -> None:
+    from secvfl.bench.transport import _cpu
+
+    runs = [{"wall_seconds": 10.0, "deployment": {"cpu_seconds": {"label": 5.0, "party0": 3.0}}},   # 8 s
+            {"wall_seconds": 4.0, "deployment": {"cpu_seconds": {"label": 2.0, "party0": 4.0}}},    # 6 s: median
+            {"wall_seconds": 2.0, "deployment": {"cpu_seconds": {"label": 1.0, "party0": 1.0}}}]    # 2 s
+    got = _cpu(runs, epochs=2)
+    assert got["grpc_cpu_seconds_per_epoch_all_processes"] == pytest.approx(3.0)
+    assert got["grpc_cpu_seconds_per_epoch_by_process"] == {"label": pytest.approx(1.0), "party0": pytest.approx(2.0)}
+    assert got["grpc_busy_cores"] == pytest.approx(1.5)  # 6 CPU seconds in 4 wall seconds
+    assert _cpu([{"wall_seconds": 1.0, "deployment": {}}], epochs=1) == {}  # a run from before the counters
