@@ -268,7 +268,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
     started: list[str] = []
     alignment: dict[str, Any] = {}
     departed: dict[str, str] = {}  # feature parties that left during the test evaluation, and why
-    cpu_since = [time.process_time()]
+    cpu_since = time.process_time()  # reset once the run is built (see build)
 
     def align(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
         """Private set intersection with every feature party, the rows of each split, each party's width."""
@@ -296,6 +296,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         return run_table(cfg.dataset, widths, sizes, len(plan.classes), labels=plan.y, classes=plan.classes), layout
 
     def build(cfg: TrainConfig) -> Any:
+        nonlocal cpu_since
         _check_federation(federation, cfg)
         prepared, layout = align(cfg) if own is not None else (None, None)
         run = build_run(cfg, prepared, local=me)
@@ -312,7 +313,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         if sorted(swapped) != sorted(remote):
             raise SecvflError(f"{cfg.algo}: its handles are {swapped}, the federation's feature parties {remote}")
         transport.waited_seconds = 0.0  # from here on: the run's own waits, not the parties' start-up
-        cpu_since[0] = time.process_time()
+        cpu_since = time.process_time()
         transport.stats = FederatedStats(lambda: [link.call(p, STATS) for p in remote + helpers if p not in departed])
         if hasattr(run.algorithm, "depart"):  # any observed set of parties predicts (LASER-VFL and its baselines)
             _test_without_departed(run.algorithm, link, remote, departed, log, timeouts.wait)
@@ -337,7 +338,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
                                # each process's CPU time (all its threads) from the run's build to the end of
                                # training and evaluation: their sum against the wall time says whether the
                                # federation waited for cores or for messages
-                               "cpu_seconds": {me: round(time.process_time() - cpu_since[0], 3),
+                               "cpu_seconds": {me: round(time.process_time() - cpu_since, 3),
                                                **{p: link.call(p, CPU)["cpu_seconds"] for p in started
                                                   if p not in departed}},
                                "frame_bytes_sent_and_received": transport.wire_stats.bytes_total}}
