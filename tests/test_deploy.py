@@ -444,6 +444,8 @@ def test_a_party_killed_mid_run_stops_the_run_with_its_name_and_the_run_resumes_
     expected = json.loads((tmp_path / "whole" / "label" / "summary.json").read_text())
     assert got["metrics"]["test"] == pytest.approx(expected["metrics"]["test"], rel=1e-9)
     assert got["comm"] == expected["comm"]
+    # the CPU and wait figures of the resumed launch cover that launch only, and say so
+    assert got["deployment"]["measured_since"] == "resume" and expected["deployment"]["measured_since"] == "start"
 
 
 @pytest.mark.slow
@@ -483,3 +485,5 @@ def test_bench_transport_reports_the_median_run_s_cpu_and_the_cores_it_kept_busy
     assert got["grpc_cpu_seconds_per_epoch_by_process"] == {"label": pytest.approx(1.0), "party0": pytest.approx(2.0)}
     assert got["grpc_busy_cores"] == pytest.approx(1.5)  # 6 CPU seconds in 4 wall seconds
     assert _cpu([{"wall_seconds": 1.0, "deployment": {}}], epochs=1) == {}  # a run from before the counters
+    resumed = {"wall_seconds": 1.0, "deployment": {"measured_since": "resume", "cpu_seconds": {"label": 1.0}}}
+    assert _cpu([resumed], epochs=1) == {}  # its CPU covers only the part after the resume

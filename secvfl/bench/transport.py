@@ -126,7 +126,8 @@ def _median_wait(summaries: list[dict], epochs: int) -> float | None:
 def _cpu(summaries: list[dict], epochs: int) -> dict:
     """CPU seconds per epoch of every process of the launched run (the median run by total), and how many cores
     they kept busy on average: near the machine's core count, the run waited for cores, not for messages."""
-    runs = [(s.get("deployment", {}).get("cpu_seconds"), s["wall_seconds"]) for s in summaries]
+    runs = [(s.get("deployment", {}).get("cpu_seconds"), s["wall_seconds"]) for s in summaries
+            if s.get("deployment", {}).get("measured_since", "start") == "start"]  # a resumed run's CPU is partial
     runs = sorted(((sum(c.values()), c, w) for c, w in runs if c), key=lambda r: r[0])
     if not runs:
         return {}

@@ -333,6 +333,9 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
                 "control": transport.control_stats.to_dict(),
                 "deployment": {"transport": "grpc+mtls", "federation": federation.name,
                                "parties": {p.name: str(p.address) for p in federation.parties},
+                               # the two measurements below cover this launch of the processes only: after a
+                               # --resume, not the time before the kill (wall_seconds covers the whole run)
+                               "measured_since": "start" if resume is None else "resume",
                                # the coordinator's time blocked on messages and answers (the rest is its own work)
                                "coordinator_wait_seconds": round(transport.waited_seconds, 3),
                                # each process's CPU time (all its threads) from the run's build to the end of
