@@ -21,6 +21,7 @@ are here; each algorithm family keeps the handles of its own parties next to the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -39,6 +40,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 _REQUEST = "__party_request__"
 
 
+@functools.cache
+def _requests_of(cls: type) -> tuple[str, ...]:  # asked at every request a party process serves
+    return tuple(sorted({n for k in cls.__mro__ for n, v in vars(k).items() if getattr(v, _REQUEST, False)}))
+
+
 def request(method: F) -> F:
     """Mark ``method`` as a request a coordinator may make of a party (the handle's API)."""
     setattr(method, _REQUEST, True)
@@ -53,7 +59,7 @@ class PartyHandle:
     @classmethod
     def requests(cls) -> tuple[str, ...]:
         """The names of this handle's requests."""
-        return tuple(sorted({n for k in cls.__mro__ for n, v in vars(k).items() if getattr(v, _REQUEST, False)}))
+        return _requests_of(cls)
 
     @request
     def state_dict(self) -> dict:

@@ -45,7 +45,7 @@ def _federation(folder: Path, features: int = 2, *, aggregator: bool = False) ->
 
 
 def _transport(fed_path: Path, name: str, *, as_name: str | None = None, tls_of: str | None = None,
-               peer_timeout: float = 3.0, timeout: float = 10.0) -> GrpcTransport:
+               peer_timeout: float = 3.0, timeout: float = 10.0, heartbeat: float = 0.2) -> GrpcTransport:
     """Party ``name``'s transport; ``as_name``: the certificate name it claims, ``tls_of``: whose files it uses."""
     fed = load_federation(fed_path)
     runs = run_names(fed)
@@ -57,24 +57,36 @@ def _transport(fed_path: Path, name: str, *, as_name: str | None = None, tls_of:
     peers = {a.name: a for n, a in addresses.items() if n != (as_name or name)}
     return GrpcTransport(me, peers, TlsFiles(fed.ca, spec.cert, spec.key),
                          verify=lambda cert_name, pem: verify_peer_certificate(fed, cert_name, pem),
-                         timeout=timeout, heartbeat=0.2, peer_timeout=peer_timeout)
+                         timeout=timeout, heartbeat=heartbeat, peer_timeout=peer_timeout)
 
 
 def test_messages_of_any_size_cross_in_order_and_are_counted_once(tmp_path: Path) -> None:
     fed = _federation(tmp_path)
-    label, party = _transport(fed, "label"), _transport(fed, "party0")
+    label, party = _transport(fed, "label"), _transport(fed, "party0", heartbeat=2.0)
     try:
         rng = np.random.default_rng(0)
         sizes = [0, 1, CHUNK_BYTES - 1, CHUNK_BYTES, CHUNK_BYTES + 1, 3 * CHUNK_BYTES + 17]
         sent = [rng.bytes(n) for n in sizes]
+        # a message is held until its sender waits for a message or flushes (one gRPC message per peer, not one
+        # per put), a mebibyte is held, or the sender's event loop checks the stream (every heartbeat)
+        party.put("party0", "label", "small", b"x")
+        with pytest.raises(PartyLost, match="waited 0.3 s"):
+            label.take("label", sender="party0", timeout=0.3)
+        party.flush()
+        assert label.take("label", sender="party0", timeout=5) == b"x"
+        party.put("party0", "label", "small", b"y")
+        t0 = time.monotonic()
+        assert label.take("label", sender="party0", timeout=5) == b"y"  # the sender never waited nor flushed
+        assert time.monotonic() - t0 < 2.0 + 1.0
         for i, data in enumerate(sent):
             party.put("party0", "label", f"k{i}", data)
+        party.flush()
         got = [label.take("label", sender="party0") for _ in sizes]
         assert got == sent  # in order, byte for byte, whatever the number of chunks
-        assert party.stats.bytes_total == sum(sizes) and party.stats.messages_total == len(sizes)
+        assert party.stats.bytes_total == sum(sizes) + 2 and party.stats.messages_total == len(sizes) + 2
         assert label.stats.bytes_total == 0  # each message is counted once, by its sender
-        chunks = sum(max(1, -(-n // CHUNK_BYTES)) for n in sizes)
-        framing = party.wire_stats.bytes_by_link["party0->label"] - sum(sizes)
+        chunks = 2 + sum(max(1, -(-n // CHUNK_BYTES)) for n in sizes)
+        framing = party.wire_stats.bytes_by_link["party0->label"] - sum(sizes) - 2
         assert 0 < framing <= chunks * 64  # a small header per chunk, nothing else added
         with pytest.raises(MessageError, match="cannot send for label"):
             party.put("label", "party0", "x", b"")
@@ -135,6 +147,7 @@ from test_deploy import _transport
 from pathlib import Path
 t = _transport(Path({fed!r}), "party0")
 t.put("party0", "label", "embedding", b"hello")
+t.flush()
 time.sleep({sleep})
 os._exit(0)  # no goodbye: as if killed
 """
@@ -290,6 +303,7 @@ def test_secure_channel_handshakes_between_processes_each_holding_only_its_own_k
         label, party0 = procs["label"][0], procs["party0"][0]
         msg = Message("embedding", "party0", "label", 1, {"embedding": torch.ones(2, 3)})
         party0.send(msg)
+        party0.transport.flush()  # the sending process would, at its next wait
         assert party0.stats.bytes_by_kind["embedding"] > 0
         got = label.receive("label", kind="embedding", sender="party0")
         assert torch.equal(got.tensor("embedding"), torch.ones(2, 3))
@@ -307,6 +321,7 @@ def test_a_malformed_identity_key_from_a_peer_process_is_refused_before_any_hand
         (label, layer), (party0, _) = procs["label"], procs["party0"]
         party0.send_control(Message(IDENTITY_KIND, "party0", "label", 0, blobs={"identity": b"\x01" * 31},
                                     meta={"protocol": "secvfl-channel-v2"}))
+        party0.transport.flush()
         with pytest.raises(HandshakeError, match="party0's identity key message to label is malformed"):
             layer.start_epoch(label, 0)
         assert not layer.has_session("label", "party0") and label.stats.messages_by_kind.get(HANDSHAKE_KIND, 0) == 0

@@ -195,6 +195,7 @@ class PartyServer:
         # CPU time of this process (every thread: gRPC's included) since the run was built; see mark_run_start
         self.cpu_since = time.process_time()
         self.on_call: Callable[[str, list, dict], Any] = lambda *_: NotImplemented
+        self._leave_at = os.environ.get(LEAVE_AT_ENV, "").partition(":")  # read once: it is looked at per request
 
     def mark_run_start(self) -> None:
         """From here on the process works for the run (after its imports, data and build): what ``CPU`` answers."""
@@ -223,7 +224,7 @@ class PartyServer:
                 return
 
     def _maybe_leave(self, args: list) -> None:
-        party, _, split = os.environ.get(LEAVE_AT_ENV, "").partition(":")
+        party, _, split = self._leave_at
         if party == self.name and split and any(isinstance(a, str) and a == split for a in args):
             self.log(f"{self.name}: leaving at its first {split} request (${LEAVE_AT_ENV})")
             os._exit(137)  # no goodbye, no flush: as a killed process

@@ -85,7 +85,12 @@ class Transport(ABC):
 
     @abstractmethod
     def put(self, sender: str, receiver: str, kind: str, data: bytes) -> None:
-        """Deliver ``data`` to ``receiver``'s inbox (counts it)."""
+        """Deliver ``data`` to ``receiver``'s inbox (counts it). A transport between processes may hold it until
+        the sender's next wait for a message, or :meth:`flush`."""
+
+    def flush(self) -> None:
+        """Send what ``put`` holds now (the sender is about to do something long without waiting for messages)."""
+        return None  # transports that deliver at put() hold nothing
 
     @abstractmethod
     def take(self, receiver: str, *, kind: str | None = None, sender: str | None = None) -> bytes:
