@@ -201,6 +201,21 @@ def _same(a, b) -> bool:  # noqa: ANN001
     return type(a) is type(b) and a == b
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=64), min_size=1, max_size=6), st.data())
+def test_a_batch_frame_gives_back_its_frames_and_refuses_any_cut(frames: list[bytes], data) -> None:  # noqa: ANN001
+    from secvfl.transport import grpc_link as g
+
+    whole = g._batch(frames)
+    ftype, _, _, _, count, payload = g._parse(whole)
+    assert ftype == g._BATCH and [bytes(f) for f in g._unbatch(payload, count)] == frames
+    cut = data.draw(st.integers(0, len(payload) - 1))  # a batch that lost its tail, or carries a byte too many
+    with pytest.raises(MessageError, match="batch frame"):
+        g._unbatch(payload[:cut], count)
+    with pytest.raises(MessageError, match="batch frame"):
+        g._unbatch(memoryview(bytes(payload) + b"x"), count)
+
+
 @settings(max_examples=150, deadline=None)
 @given(_VALUES)
 def test_request_values_cross_as_plain_data(value) -> None:  # noqa: ANN001
