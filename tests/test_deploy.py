@@ -84,9 +84,14 @@ def test_messages_of_any_size_cross_in_order_and_are_counted_once(tmp_path: Path
         got = [label.take("label", sender="party0") for _ in sizes]
         assert got == sent  # in order, byte for byte, whatever the number of chunks
         assert party.stats.bytes_total == sum(sizes) + 2 and party.stats.messages_total == len(sizes) + 2
+        many = [rng.bytes(300) for _ in range(5000)]  # 1.5 MB held at once: sent in batches below gRPC's limit
+        for data in many:
+            party.put("party0", "label", "many", data)
+        party.flush()
+        assert [label.take("label", sender="party0", kind="many") for _ in many] == many
         assert label.stats.bytes_total == 0  # each message is counted once, by its sender
-        chunks = 2 + sum(max(1, -(-n // CHUNK_BYTES)) for n in sizes)
-        framing = party.wire_stats.bytes_by_link["party0->label"] - sum(sizes) - 2
+        chunks = 2 + sum(max(1, -(-n // CHUNK_BYTES)) for n in sizes) + len(many)
+        framing = party.wire_stats.bytes_by_link["party0->label"] - sum(sizes) - 2 - 300 * len(many)
         assert 0 < framing <= chunks * 64  # a small header per chunk, nothing else added
         with pytest.raises(MessageError, match="cannot send for label"):
             party.put("label", "party0", "x", b"")

@@ -238,7 +238,7 @@ class _Outgoing:
     def hold(self, frame: bytes) -> None:
         with self._lock:
             self._held.append(frame)
-            self.held_bytes += len(frame)
+            self.held_bytes += _LENGTH.size + len(frame)  # its size inside a batch frame
 
     def _take_held(self) -> bytes | None:
         if not self._held:
@@ -611,9 +611,10 @@ class GrpcTransport(Transport):
         deadline = time.monotonic() + self.timeout
         link.seq += 1
         for index in range(count):
-            link.hold(_frame(kind, _DATA, link.seq, index, count, view[index * CHUNK_BYTES:(index + 1) * CHUNK_BYTES]))
-            if link.held_bytes >= CHUNK_BYTES:
-                link.flush(deadline)
+            frame = _frame(kind, _DATA, link.seq, index, count, view[index * CHUNK_BYTES:(index + 1) * CHUNK_BYTES])
+            if link.held_bytes + _LENGTH.size + len(frame) > CHUNK_BYTES:
+                link.flush(deadline)  # a batch stays within a chunk's size (one big frame goes alone)
+            link.hold(frame)
 
     def _count_sent(self, receiver: str, nbytes: int) -> None:
         with self._wire_lock:
