@@ -240,12 +240,16 @@ class _Outgoing:
             self._held.append(frame)
             self.held_bytes += _LENGTH.size + len(frame)  # its size inside a batch frame
 
-    def _take_held(self) -> bytes | None:
-        if not self._held:
-            return None
-        message = self._held[0] if len(self._held) == 1 else _batch(self._held)
-        self._held, self.held_bytes = [], 0
-        return message
+    def _queue_held(self, holds_space: bool) -> bool:
+        """Move the held frames, as one message, to the frames the loop writes (in order, under the lock)."""
+        with self._lock:
+            if not self._held:
+                return False
+            message = self._held[0] if len(self._held) == 1 else _batch(self._held)
+            self._held, self.held_bytes = [], 0
+            self._ready.append((message, holds_space))
+        self._count(len(message))
+        return True
 
     def flush(self, deadline: float, *, wake: bool = True) -> bool:
         """(From the party's thread.) Hand the held frames to gRPC as one message; returns whether there were any.
@@ -253,15 +257,11 @@ class _Outgoing:
         if not self._held:
             return False
         self._wait_for_space(deadline)
-        with self._lock:
-            message = self._take_held()
-            if message is None:  # the loop flushed them meanwhile
-                self._space.release()
-                return False
-            self._ready.append((message, True))
+        if not self._queue_held(holds_space=True):  # the loop flushed them meanwhile
+            self._space.release()
+            return False
         if wake:
             self._loop.soon(self.wake)
-        self._count(len(message))
         return True
 
     def wake(self) -> None:
@@ -292,13 +292,9 @@ class _Outgoing:
         """(On the loop, every heartbeat.) Send frames the party left held, or a heartbeat if the stream is quiet."""
         if self._closed or self.error is not None:
             return
-        with self._lock:
-            message = self._take_held()
-            if message is not None:
-                self._ready.append((message, False))
-                self._count(len(message))
+        flushed = self._queue_held(holds_space=False)
         quiet = time.monotonic() - self._last_write
-        if message is None and quiet >= 0.9 * self._heartbeat and not self._ready:
+        if not flushed and quiet >= 0.9 * self._heartbeat and not self._ready:
             self._ready.append((_frame("", _HEARTBEAT), False))
         if self._ready:
             self._wake.set()
@@ -349,12 +345,8 @@ class _Outgoing:
         """(On the loop.) Send what is held, say goodbye, wait (bounded) for the peer, close the channel."""
         self._closed = True
         self._beat.cancel()
-        with self._lock:
-            message = self._take_held()
-            if message is not None:
-                self._ready.append((message, False))
-                self._count(len(message))
-            self._ready.append(None)
+        self._queue_held(holds_space=False)
+        self._ready.append(None)
         self._wake.set()
         try:
             await asyncio.wait_for(self._pump_task, wait)
@@ -481,11 +473,10 @@ class GrpcTransport(Transport):
                 self._seen(peer.name)
                 with self._wire_lock:
                     self.wire_stats.count(peer.name, self.local.name, "received", len(frame))
-                ftype, _kind, _seq, _index, count, payload = _parse(frame)
-                if ftype == _BATCH:
-                    ended = self._deliver(peer.name, [_parse(f) for f in _unbatch(payload, count)], parts)
-                else:
-                    ended = self._deliver(peer.name, [_parse(frame)], parts)
+                parsed = _parse(frame)
+                ftype, _kind, _seq, _index, count, payload = parsed
+                inner = [_parse(f) for f in _unbatch(payload, count)] if ftype == _BATCH else [parsed]
+                ended = self._deliver(peer.name, inner, parts)
                 if ended:
                     break
         except asyncio.CancelledError:  # the server is stopping (or the peer's call was cancelled)
