@@ -18,6 +18,19 @@ A federation file is TOML; relative paths are relative to the file's folder::
     address = "10.0.0.2:50051"
     data = { file = "shop.csv", columns = ["spend", "visits"], id = "customer_id" }
 
+An optional ``[limits]`` table overrides what a party accepts from its peers (each default derives from what the run
+sends: :mod:`secvfl.deploy.limits`)::
+
+    [limits]
+    max_message_mib = 64      # the largest message a party accepts
+    buffer_mib = 256          # received and not yet taken, per peer
+    buffered_messages = 16384 # the same, in messages
+    streams_per_peer = 2      # streams a peer may hold open at once
+    connections = 64          # incoming connections to a party (peers and strangers)
+    handshake_seconds = 10    # for a TLS handshake, and for a new stream's first frame
+    party_columns = 16384     # columns a feature party may announce
+    table_mib = 2048          # the run table a party allocates for every party's columns
+
 ``aggregator = "<party>"`` in ``[federation]`` names a party (an address, no data) that adds the feature parties'
 CKKS ciphertexts for ``--he ckks``; it holds no key.
 
@@ -50,7 +63,7 @@ import ipaddress
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -83,6 +96,18 @@ _FEDERATION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,59}$")
 _RESERVED_NAMES = {"ca": "its files would be the CA's (ca.pem, ca.key)"}
 
 _TOP_KEYS = ("federation", "parties")
+_OPTIONAL_TOP_KEYS = ("limits",)
+# [limits] key -> (what it bounds, a whole number?); defaults: secvfl.deploy.limits
+LIMIT_KEYS = {
+    "max_message_mib": ("the largest message a party accepts, in MiB", False),
+    "buffer_mib": ("MiB a peer may have received and not yet taken", False),
+    "buffered_messages": ("messages a peer may have received and not yet taken", True),
+    "streams_per_peer": ("streams a peer may hold open at once", True),
+    "connections": ("incoming connections a party accepts", True),
+    "handshake_seconds": ("seconds for a TLS handshake and a new stream's first frame", False),
+    "party_columns": ("columns a feature party may announce", True),
+    "table_mib": ("MiB of the run table a party allocates for every party's columns", False),
+}
 _FEDERATION_KEYS = ("name", "label_party", "ca", "aggregator")
 _PARTY_KEYS = ("address", "cert", "key", "data")
 _DATA_KEYS = ("file", "columns", "label", "id")
@@ -157,6 +182,8 @@ class Federation:
     parties: tuple[PartySpec, ...]
     # The party that adds the feature parties' CKKS ciphertexts (--he ckks): no data, no model, no key.
     aggregator: str | None = None
+    # [limits]: what a party accepts from its peers, where the file overrides the defaults (secvfl.deploy.limits)
+    limits: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def ca_key(self) -> Path:
@@ -318,7 +345,7 @@ def load_federation(path: str | Path) -> Federation:
         raise ConfigError(f"{source}: not valid TOML: {exc}; fix the syntax there") from None
 
     r = _Reader(source)
-    r.keys(doc, "top level", _TOP_KEYS, _TOP_KEYS)
+    r.keys(doc, "top level", _TOP_KEYS + _OPTIONAL_TOP_KEYS, _TOP_KEYS)
     fed = r.table(doc["federation"], "[federation]")
     r.keys(fed, "[federation]", _FEDERATION_KEYS, ("name", "label_party"))
     name = r.string(fed["name"], "[federation] name")
@@ -381,8 +408,22 @@ def load_federation(path: str | Path) -> Federation:
             seen_paths[file] = f"{where} {what}"
         data = _read_data(r, table["data"], f"{where} data", party_name == label_party) if "data" in table else None
         parties.append(PartySpec(party_name, address, cert, key, data))
+    limits = _read_limits(r, doc["limits"]) if "limits" in doc else {}
     return Federation(name=name, source=source, ca=ca, label_party=label_party, parties=tuple(parties),
-                      aggregator=aggregator)
+                      aggregator=aggregator, limits=limits)
+
+
+def _read_limits(r: _Reader, value: Any) -> dict[str, float]:
+    table = r.table(value, "[limits]")
+    r.keys(table, "[limits]", tuple(LIMIT_KEYS), ())
+    out: dict[str, float] = {}
+    for key, raw in table.items():
+        what, whole = LIMIT_KEYS[key]
+        ok = isinstance(raw, int) if whole else isinstance(raw, (int, float))
+        if not ok or isinstance(raw, bool) or not raw > 0 or raw != raw or raw == float("inf"):
+            r.fail(f"[limits] {key}", f"{raw!r}: give {what} as a positive {'whole ' if whole else ''}number")
+        out[key] = raw
+    return out
 
 
 def _load_certificate(data: bytes) -> x509.Certificate:

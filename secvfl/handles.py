@@ -22,6 +22,7 @@ are here; each algorithm family keeps the handles of its own parties next to the
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -32,6 +33,7 @@ from secvfl.errors import UnsupportedError
 from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
 from secvfl.parties import FeatureParty, LabelParty
+from secvfl.transport.guard import request_facts
 from secvfl.transport.network import Network
 
 __all__ = ["request", "PartyHandle", "LocalHandle", "local_party", "FeatureHandle", "LabelHandle"]
@@ -45,10 +47,47 @@ def _requests_of(cls: type) -> tuple[str, ...]:  # asked at every request a part
     return tuple(sorted({n for k in cls.__mro__ for n, v in vars(k).items() if getattr(v, _REQUEST, False)}))
 
 
+_FACTS = ("step", "split", "ids", "rows")  # the request arguments that say which round the messages belong to
+
+
+def facts_reader(method: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
+    """A function of a request's (args, kwargs) that returns its round facts (:func:`request_facts`): where in the
+    arguments ``step``, ``split``, ``ids`` and ``rows`` are is read from the signature once, not at every call."""
+    params = list(inspect.signature(method).parameters.values())[1:]  # (self)
+    where = {p.name: (i if p.kind is p.POSITIONAL_OR_KEYWORD else None) for i, p in enumerate(params)
+             if p.name in _FACTS}
+    if not where:
+        return lambda args, kwargs: {}
+
+    def read(args: tuple, kwargs: dict) -> dict[str, Any]:
+        bound = {}
+        for name, i in where.items():
+            if i is not None and i < len(args):
+                bound[name] = args[i]
+            elif name in kwargs:
+                bound[name] = kwargs[name]
+        return request_facts(bound)
+
+    return read
+
+
 def request(method: F) -> F:
-    """Mark ``method`` as a request a coordinator may make of a party (the handle's API)."""
-    setattr(method, _REQUEST, True)
-    return method
+    """Mark ``method`` as a request a coordinator may make of a party (the handle's API).
+
+    Serving it first tells the receive guard of the party's network which round the messages it takes belong to
+    (the request's ``step``, ``split`` and rows: :mod:`secvfl.transport.guard`)."""
+    read = facts_reader(method)
+
+    @functools.wraps(method)
+    def serve(self: Any, *args: Any, **kwargs: Any) -> Any:
+        net = getattr(self, "_net", None)
+        if net is not None:
+            net.guard.begin(read(args, kwargs))
+        return method(self, *args, **kwargs)
+
+    setattr(serve, _REQUEST, True)
+    serve.facts = read  # type: ignore[attr-defined]  (the remote handles record the same facts: deploy.remote)
+    return serve  # type: ignore[return-value]
 
 
 class PartyHandle:

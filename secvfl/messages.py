@@ -26,7 +26,8 @@ field) for anything else, with work linear in the input:
   number spellings, key order or duplicate keys that the encoder never writes are refused -- one message, one
   encoding, and nothing is silently reinterpreted;
 * tensor and blob names are unique, and the payload sizes they declare add up to exactly the bytes present before
-  anything is allocated; bool tensors hold only bytes 0 and 1.
+  anything is allocated (an empty tensor's other dimensions may not overflow its strides either); bool tensors
+  hold only bytes 0 and 1.
 
 :func:`encode` runs the same checks on what it writes, so a sender learns at once that a receiver would refuse it.
 
@@ -91,6 +92,7 @@ MAX_DIM = 2**31 - 1
 MAX_ENTRIES = 4096  # tensors, and blobs, per message
 MAX_META_DEPTH = 4  # lists/objects inside a meta value (CKKS layouts and compression headers use 3)
 _MAX_INT64 = 2**63 - 1
+_MAX_STRIDE = 2**62  # the largest product of dimensions (in bytes) a tensor's strides may reach
 
 # Message kinds known to the transport. Protocol layers register the kinds they introduce.
 KINDS: set[str] = {
@@ -393,6 +395,9 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     for name, dname, shape in head.tensors:
         dtype, itemsize, np_dtype = _WIRE_TYPES[dname]
         nbytes = math.prod(shape) * itemsize  # at most 8 dims below 2^31: exact and cheap
+        if nbytes == 0 and math.prod(d or 1 for d in shape) * itemsize > _MAX_STRIDE:
+            # an empty tensor whose other dimensions' product overflows the strides torch would compute
+            raise MessageError(f"tensor {name!r} ({dname} {shape}) has dimensions whose product overflows")
         if nbytes > left:
             raise MessageError(f"tensor {name!r} ({dname} {shape}) needs {nbytes} bytes but {left} payload bytes "
                                f"are left (message truncated or shape wrong)")

@@ -140,6 +140,7 @@ def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = Non
     net = Network(roles, layers=layers, aggregation=aggregation, traits=algo_cls.traits, local=local)
     torch.manual_seed(cfg.seed)
     algorithm = algo_cls(ctx, net)
+    net.guard.declare_widths(algorithm.message_widths())
     for s in setups:
         for hook in s.attach:
             hook(algorithm)

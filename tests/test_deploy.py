@@ -69,32 +69,32 @@ def test_messages_of_any_size_cross_in_order_and_are_counted_once(tmp_path: Path
         sent = [rng.bytes(n) for n in sizes]
         # a message is held until its sender waits for a message or flushes (one gRPC message per peer, not one
         # per put), a mebibyte is held, or the sender's event loop checks the stream (every heartbeat)
-        party.put("party0", "label", "small", b"x")
+        party.put("party0", "label", "control", b"x")
         with pytest.raises(PartyLost, match="waited 0.3 s"):
             label.take("label", sender="party0", timeout=0.3)
         party.flush()
         assert label.take("label", sender="party0", timeout=5) == b"x"
-        party.put("party0", "label", "small", b"y")
+        party.put("party0", "label", "control", b"y")
         t0 = time.monotonic()
         assert label.take("label", sender="party0", timeout=5) == b"y"  # the sender never waited nor flushed
         assert time.monotonic() - t0 < 2.0 + 1.0
         for i, data in enumerate(sent):
-            party.put("party0", "label", f"k{i}", data)
+            party.put("party0", "label", "embedding", data)
         party.flush()
         got = [label.take("label", sender="party0") for _ in sizes]
         assert got == sent  # in order, byte for byte, whatever the number of chunks
         assert party.stats.bytes_total == sum(sizes) + 2 and party.stats.messages_total == len(sizes) + 2
         many = [rng.bytes(300) for _ in range(5000)]  # 1.5 MB held at once: sent in batches below gRPC's limit
         for data in many:
-            party.put("party0", "label", "many", data)
+            party.put("party0", "label", "control", data)
         party.flush()
-        assert [label.take("label", sender="party0", kind="many") for _ in many] == many
+        assert [label.take("label", sender="party0", kind="control") for _ in many] == many
         assert label.stats.bytes_total == 0  # each message is counted once, by its sender
         chunks = 2 + sum(max(1, -(-n // CHUNK_BYTES)) for n in sizes) + len(many)
         framing = party.wire_stats.bytes_by_link["party0->label"] - sum(sizes) - 2 - 300 * len(many)
         assert 0 < framing <= chunks * 64  # a small header per chunk, nothing else added
         with pytest.raises(MessageError, match="cannot send for label"):
-            party.put("label", "party0", "x", b"")
+            party.put("label", "party0", "control", b"")
     finally:
         party.close(0.5)
         label.close(0.5)
@@ -181,7 +181,7 @@ def test_waits_are_bounded(tmp_path: Path) -> None:
     try:
         t0 = time.monotonic()
         with pytest.raises(PartyLost, match="no answer at 127.0.0.1:"):
-            label.put("label", "party0", "x", b"")  # party0 never started
+            label.put("label", "party0", "control", b"")  # party0 never started
         with pytest.raises(PartyLost, match="waited 0.3 s for a gradient message from party0"):
             label.take("label", kind="gradient", sender="party0", timeout=0.3)
         assert time.monotonic() - t0 < 10

@@ -129,6 +129,11 @@ class Algorithm(ABC):
         """What the algorithm adds to an epoch's metrics.jsonl line (JSON values; none by default)."""
         return {}
 
+    def message_widths(self) -> dict[str, int]:
+        """Columns of each forward output kind the parties send (one row per batch row); a receiver refuses
+        another width (secvfl.transport.guard). Undeclared kinds keep the width of their first message."""
+        return {}
+
     def report(self, run_dir: Path | None) -> dict[str, Any]:
         """What the algorithm adds to summary.json at the end of a run; it may write its own files to ``run_dir``."""
         return {}

@@ -67,12 +67,16 @@ class _SplitBase(FeatureLabelAlgorithm):
             data.n_classes, device=ctx.device, dtype=ctx.dtype, input_kind=self.output_kind,
         ), net)
         self.names = [h.name for h in self.feature_handles]
+        self._out_dim = out_dim
         # The public batch order and the epoch being trained (None outside train_epoch): it names a training batch's
         # rows publicly, e.g. for compression's per-row error feedback, without handing anyone this algorithm.
         self.schedule = BatchSchedule(self.train_rows(), cfg.batch_size, cfg.seed)
 
     def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
         raise NotImplementedError
+
+    def message_widths(self) -> dict[str, int]:
+        return {self.output_kind: self._out_dim}
 
     # -- which rows take part -------------------------------------------------------------------------------
     def train_rows(self) -> np.ndarray:

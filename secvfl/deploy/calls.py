@@ -6,6 +6,12 @@ arguments as JSON text in the ``args`` blob, and every array or tensor among the
 crosses: None, booleans, numbers, strings, lists, tuples, dicts, numpy arrays, torch tensors and the few frozen
 dataclasses of :data:`WIRE_TYPES`; anything else is refused when encoding (never pickled), and decoding builds
 nothing but those.
+
+Decoding is strict and raises only :class:`~secvfl.errors.MessageError` (a peer's answer is untrusted input): the
+JSON text at most :data:`MAX_JSON_BYTES`, nested at most :data:`MAX_DEPTH` deep (lists, tuples, dicts and dataclass
+fields together), no NaN or Infinity literals, each marker object with exactly its own keys and value types,
+tensors referenced by a name the message carries (each at most once), dictionary keys hashable, dataclasses built
+only from their declared fields.
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ import torch
 from secvfl.errors import MessageError
 from secvfl.messages import Message, register_kind
 
-__all__ = ["CALL_KIND", "RESULT_KIND", "call_message", "read_call", "result_message", "read_result", "WIRE_TYPES"]
+__all__ = ["CALL_KIND", "RESULT_KIND", "call_message", "read_call", "result_message", "read_result", "WIRE_TYPES",
+           "MAX_DEPTH", "MAX_JSON_BYTES"]
+
+MAX_DEPTH = 32  # nesting of a request's or an answer's value (the deepest real one: a dict of lists of pairs, 4)
+MAX_JSON_BYTES = 64 << 20  # the JSON text of one request or answer (arrays travel beside it, as tensors)
 
 CALL_KIND = register_kind("party-call")
 RESULT_KIND = register_kind("party-result")
@@ -72,31 +82,91 @@ class _Encoder:
         raise MessageError(f"a {name} cannot cross a party boundary in a request (plain data only)")
 
 
-def _decode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    if isinstance(v, list):
-        return [_decode(x, tensors) for x in v]
-    if not isinstance(v, dict):
-        return v
-    if "__ndarray__" in v:
-        return tensors[v["__ndarray__"]].numpy()
-    if "__tensor__" in v:
-        return tensors[v["__tensor__"]]
-    if "__float__" in v:
-        return float(v["__float__"])
-    if "__tuple__" in v:
-        return tuple(_decode(x, tensors) for x in v["__tuple__"])
-    if "__dict__" in v:
-        return {_hashable(_decode(k, tensors)): _decode(x, tensors) for k, x in v["__dict__"]}
-    if "__dataclass__" in v:
-        cls = WIRE_TYPES.get(v["__dataclass__"])
-        if cls is None:
-            raise MessageError(f"unknown type {v['__dataclass__']!r} in a request")
-        return cls(**{k: _decode(x, tensors) for k, x in v["fields"].items()})
-    raise MessageError(f"malformed request value {sorted(v)}")
+class _Decoder:
+    """Builds a value from the JSON of a request or answer, refusing anything the encoder would not write."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        self.tensors = tensors
+        self.used: set[str] = set()
+        self.where = where
+
+    def fail(self, problem: str) -> MessageError:
+        return MessageError(f"malformed {self.where}: {problem}")
+
+    def tensor(self, name: Any) -> torch.Tensor:
+        if not isinstance(name, str) or name not in self.tensors:
+            raise self.fail(f"it references a tensor {str(name)[:40]!r} it does not carry")
+        if name in self.used:
+            raise self.fail(f"it references tensor {name!r} twice")
+        self.used.add(name)
+        return self.tensors[name]
+
+    def marker(self, v: dict, key: str, kind: type | tuple[type, ...], extra: tuple[str, ...] = ()) -> Any:
+        if set(v) != {key, *extra}:
+            raise self.fail(f"a {key} object has the keys {sorted(map(str, v))[:6]}")
+        value = v[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise self.fail(f"a {key} object holds a {type(value).__name__}")
+        return value
+
+    def value(self, v: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise self.fail(f"its values are nested more than {MAX_DEPTH} deep")
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, list):
+            return [self.value(x, depth + 1) for x in v]
+        if not isinstance(v, dict):  # (json.loads builds nothing else)
+            raise self.fail(f"a value of type {type(v).__name__}")
+        if "__ndarray__" in v:
+            t = self.tensor(self.marker(v, "__ndarray__", str))
+            if t.dtype is torch.bfloat16:  # (numpy has none: the encoder never makes one)
+                raise self.fail("an array of bfloat16")
+            return t.numpy()
+        if "__tensor__" in v:
+            return self.tensor(self.marker(v, "__tensor__", str))
+        if "__float__" in v:
+            text = self.marker(v, "__float__", str)
+            if text not in ("nan", "inf", "-inf"):  # the encoder writes only these (finite floats are plain JSON)
+                raise self.fail(f"a __float__ object holds {text[:20]!r}")
+            return float(text)
+        if "__tuple__" in v:
+            return tuple(self.value(x, depth + 1) for x in self.marker(v, "__tuple__", list))
+        if "__dict__" in v:
+            out = {}
+            for pair in self.marker(v, "__dict__", list):
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise self.fail("a __dict__ entry is not a [key, value] pair")
+                key = _hashable(self.value(pair[0], depth + 1))
+                try:
+                    out[key] = self.value(pair[1], depth + 1)
+                except TypeError:
+                    raise self.fail("a __dict__ key is not hashable") from None
+            return out
+        if "__dataclass__" in v:
+            name = self.marker(v, "__dataclass__", str, ("fields",))
+            cls = WIRE_TYPES.get(name)
+            if cls is None:
+                raise self.fail(f"unknown type {name[:40]!r}")
+            fields = v["fields"]
+            declared = {f.name for f in dataclasses.fields(cls)}
+            if not isinstance(fields, dict) or set(fields) != declared:
+                raise self.fail(f"a {name} needs exactly the fields {sorted(declared)}")
+            try:
+                return cls(**{k: self.value(x, depth + 1) for k, x in fields.items()})
+            except (TypeError, ValueError) as exc:
+                raise self.fail(f"a {name} cannot be built from its fields ({exc})") from None
+        raise self.fail(f"an object with the keys {sorted(map(str, v))[:6]}")
 
 
 def _hashable(k: Any) -> Any:
-    return tuple(k) if isinstance(k, list) else k
+    if isinstance(k, list):
+        return tuple(_hashable(x) for x in k)
+    return k
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON data")
 
 
 def _message(kind: str, sender: str, receiver: str, step: int, meta: dict[str, Any], payload: Any) -> Message:
@@ -106,10 +176,23 @@ def _message(kind: str, sender: str, receiver: str, step: int, meta: dict[str, A
 
 
 def _payload(message: Message) -> Any:
+    where = f"{message.kind} message from {message.sender}"
+    blob = message.blobs.get("args")
+    if blob is None or set(message.blobs) != {"args"}:
+        raise MessageError(f"malformed {where}: it carries the blobs {sorted(message.blobs)[:6]}, not just 'args'")
+    if len(blob) > MAX_JSON_BYTES:
+        raise MessageError(f"malformed {where}: {len(blob)} bytes of JSON (at most {MAX_JSON_BYTES})")
     try:
-        return _decode(json.loads(message.blobs["args"]), dict(message.tensors))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise MessageError(f"malformed {message.kind} message from {message.sender}: {exc}") from None
+        text = json.loads(blob, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise MessageError(f"malformed {where}: its values are nested more than {MAX_DEPTH} deep") from None
+    except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise MessageError(f"malformed {where}: not JSON ({str(exc)[:120]})") from None
+    decoder = _Decoder(dict(message.tensors), where)
+    value = decoder.value(text, 0)
+    if decoder.used != set(message.tensors):
+        raise MessageError(f"malformed {where}: it carries tensors it does not reference")
+    return value
 
 
 def call_message(sender: str, receiver: str, call_id: int, method: str, args: tuple, kwargs: dict[str, Any], *,
@@ -120,8 +203,16 @@ def call_message(sender: str, receiver: str, call_id: int, method: str, args: tu
 
 
 def read_call(message: Message) -> tuple[str, list[Any], dict[str, Any], bool]:
+    """(method, args, kwargs, reply) of a request; a malformed one raises :class:`MessageError`."""
+    where = f"request from {message.sender}"
+    method, reply = message.meta.get("method"), message.meta.get("reply")
+    if set(message.meta) != {"method", "reply"} or not isinstance(method, str) or not isinstance(reply, bool):
+        raise MessageError(f"malformed {where}: its meta must be a method name and a reply flag")
     body = _payload(message)
-    return str(message.meta["method"]), body["args"], body["kwargs"], bool(message.meta["reply"])
+    if (not isinstance(body, dict) or set(body) != {"args", "kwargs"} or not isinstance(body["args"], list)
+            or not isinstance(body["kwargs"], dict) or not all(isinstance(k, str) for k in body["kwargs"])):
+        raise MessageError(f"malformed {where}: its body must hold args (a list) and kwargs (names to values)")
+    return method, body["args"], body["kwargs"], reply
 
 
 def result_message(sender: str, receiver: str, call_id: int, value: Any) -> Message:
@@ -129,4 +220,7 @@ def result_message(sender: str, receiver: str, call_id: int, value: Any) -> Mess
 
 
 def read_result(message: Message) -> Any:
+    """The value of an answer; a malformed one raises :class:`MessageError`."""
+    if message.meta:
+        raise MessageError(f"malformed {message.kind} message from {message.sender}: an answer has no meta")
     return _payload(message)

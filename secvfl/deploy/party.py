@@ -46,6 +46,7 @@ from secvfl.deploy.data import (
     uses_data_files,
     with_federation_dataset,
 )
+from secvfl.deploy.limits import run_limits, startup_limits, table_limits
 from secvfl.deploy.remote import (
     CPU,
     HELLO,
@@ -64,7 +65,8 @@ from secvfl.deploy.remote import (
 )
 from secvfl.errors import ConfigError, ProtocolError, SecvflError, UnsupportedError
 from secvfl.federation import Federation, verify_peer_certificate
-from secvfl.transport.grpc_link import GrpcTransport, PartyLost, PeerAddress, TlsFiles
+from secvfl.transport.base import PeerViolation
+from secvfl.transport.grpc_link import GrpcTransport, PartyLost, PeerAddress, ReceiveLimits, TlsFiles
 from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
@@ -98,15 +100,16 @@ def run_names(federation: Federation) -> dict[str, str]:
     return names
 
 
-def make_transport(federation: Federation, name: str, timeouts: Timeouts, log: Callable[[str], None]
-                   ) -> GrpcTransport:
+def make_transport(federation: Federation, name: str, timeouts: Timeouts, log: Callable[[str], None],
+                   limits: ReceiveLimits | None = None) -> GrpcTransport:
     runs = run_names(federation)
     spec = federation.party(name)
     addresses = {p.name: PeerAddress(runs[p.name], p.name, str(p.address)) for p in federation.parties}
     peers = {a.name: a for n, a in addresses.items() if n != name}
     return GrpcTransport(addresses[name], peers, TlsFiles(federation.ca, spec.cert, spec.key),
                          verify=lambda cert_name, pem: verify_peer_certificate(federation, cert_name, pem),
-                         timeout=timeouts.wait, heartbeat=timeouts.heartbeat, peer_timeout=timeouts.peer, log=log)
+                         timeout=timeouts.wait, heartbeat=timeouts.heartbeat, peer_timeout=timeouts.peer, log=log,
+                         limits=limits or startup_limits(federation, None))
 
 
 def check_across_processes(run: Any, federation: Federation) -> None:
@@ -141,6 +144,29 @@ def _own_file(federation: Federation, name: str, align_ids: AlignIds | None):  #
     return None if spec is None else read_own_file(spec, name)  # the aggregator holds no file
 
 
+def _check_layout(federation: Federation, sender: str, widths: Any, sizes: Any, n_classes: Any) -> None:
+    """The run table's layout a peer announced (column widths per feature party, rows per split, classes), checked
+    against the federation's limits before anything is allocated for it."""
+    limits = table_limits(federation)
+    k = len(federation.feature_parties)
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not isinstance(widths, list) or len(widths) != k or not all(whole(w) and 1 <= w <= limits.columns
+                                                                    for w in widths):
+        raise PeerViolation(sender, f"it announced the column widths {str(widths)[:80]}; expected {k} whole numbers "
+                            f"from 1 to {limits.columns} ([limits] party_columns)")
+    if not isinstance(sizes, list) or len(sizes) != 3 or not all(whole(n) and n >= 0 for n in sizes):
+        raise PeerViolation(sender, f"it announced the split sizes {str(sizes)[:80]}; expected 3 whole numbers")
+    if not whole(n_classes) or not 2 <= n_classes <= 1 << 16:
+        raise PeerViolation(sender, f"it announced {str(n_classes)[:20]} classes")
+    table = sum(widths) * sum(sizes) * 4
+    if table > limits.table_bytes:
+        raise PeerViolation(sender, f"its announced layout needs a run table of {table / (1 << 20):.0f} MiB, over the "
+                            f"{limits.table_bytes / (1 << 20):.0f} MiB limit ([limits] table_mib)")
+
+
 def _check_federation(federation: Federation, cfg: TrainConfig) -> None:
     k = len(federation.feature_parties)
     if cfg.parties != k:
@@ -161,7 +187,8 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
     runs = run_names(federation)
     me = runs[name]
     coordinator = runs[federation.label_party]
-    transport = make_transport(federation, name, timeouts, log)
+    transport = make_transport(federation, name, timeouts, log,
+                               startup_limits(federation, None if own is None else len(own.ids)))
     server = PartyServer(me, transport, coordinator, idle_timeout=timeouts.idle, log=log)
     held: dict[str, Any] = {}
 
@@ -179,6 +206,7 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
             if "learned" not in held:
                 raise ProtocolError(f"{name} got the label party's rows before aligning its ids")
             cfg, ids = TrainConfig.from_dict(args[0]), args[1]
+            held["sizes"] = [len(split) for split in ids]
             held["columns"], names, notes = prepare_own_block(own, ids, held["learned"], cfg)
             for note in notes:
                 log(f"{name}: data: {note}")
@@ -193,6 +221,12 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
                 if own is not None and "columns" not in held:
                     raise ProtocolError(f"{name} got the hello before the rows of the run were planned")
                 layout = args[1]
+                if not isinstance(layout, dict) or set(layout) != {"widths", "sizes", "n_classes"}:
+                    raise PeerViolation(coordinator, "its hello's table layout is malformed")
+                _check_layout(federation, coordinator, layout["widths"], layout["sizes"], layout["n_classes"])
+                if own is not None and layout["sizes"] != held["sizes"]:
+                    raise PeerViolation(coordinator, f"its hello announces the split sizes {layout['sizes']}, but "
+                                        f"its row plan had {held['sizes']}")
                 block = [p.name for p in federation.feature_parties].index(name) if own is not None else None
                 prepared = run_table(cfg.dataset, layout["widths"], layout["sizes"], layout["n_classes"],
                                      block=block, columns=held.get("columns"))
@@ -202,6 +236,7 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
             run = build_run(cfg, prepared, local=me)
             check_across_processes(run, federation)
             run.net.transport = transport
+            transport.set_limits(run_limits(federation, run))
             server.handle = run.algorithm.handles().get(me)  # the aggregator has none: it acts on messages
             server.hello_done = True
             server.mark_run_start()
@@ -213,8 +248,8 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
             torch.manual_seed(held["cfg"].seed * 100_003 + epoch)  # as the in-process runner seeds each epoch
             held["net"].start_epoch(epoch)
             return None
-        if method == STATS:
-            return held["net"].stats.state_dict()
+        if method == STATS:  # what it sent and what it received (the coordinator checks one against the other)
+            return {"sent": held["net"].stats.state_dict(), "received": held["net"].received.state_dict()}
         if method == SAVE:
             state = server.handle.state_dict() if server.handle is not None else {}
             return save_party_state(state_dir, me, {"party": state, "network": held["net"].state_dict(),
@@ -261,7 +296,8 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
             cfg = with_federation_dataset(cfg, federation)
     runs = run_names(federation)
     me = runs[federation.label_party]
-    transport = make_transport(federation, federation.label_party, timeouts, log)
+    transport = make_transport(federation, federation.label_party, timeouts, log,
+                               startup_limits(federation, None if own is None else len(own.ids)))
     link = PartyLink(transport, me)
     remote = [runs[p.name] for p in federation.feature_parties]
     helpers = [AGGREGATOR] if federation.aggregator is not None else []  # parties without a handle
@@ -283,12 +319,19 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         plan = plan_rows(own, shared, cfg)
         record_alignment(resume if resume is not None else out, plan, resumed=resume is not None)
         answers = [link.call(p, PLAN, (cfg.to_dict(), list(plan.ids)), timeout=timeouts.wait) for p in remote]
+        for party, answer in zip(remote, answers, strict=True):
+            if not isinstance(answer, dict) or not isinstance(answer.get("width"), int):
+                raise PeerViolation(party, "its answer to the row plan does not give its width")
         widths = [a["width"] for a in answers]
         sizes = [len(ids) for ids in plan.ids]
+        # before any table is allocated for them: a width over the limits is the announcing party's
+        widest = max(range(len(remote)), key=lambda i: widths[i] if isinstance(widths[i], int) else 1 << 62)
+        bad = next((i for i, w in enumerate(widths) if not 1 <= w <= table_limits(federation).columns), widest)
+        _check_layout(federation, remote[bad], widths, sizes, len(plan.classes))
         alignment.update(protocol="ECDH-PSI over P-256 (semi-honest)", **plan.counts, widths=widths,
-                         rows_sha256=plan.digest(),  # what every party sent, each counted by its sender
-                         psi_bytes=psi_stats.bytes_total + sum(a["psi_sent"]["bytes"] for a in answers),
-                         psi_messages=psi_stats.messages_total + sum(a["psi_sent"]["messages"] for a in answers),
+                         rows_sha256=plan.digest(),  # every PSI message crossed the label party's links: its own
+                         psi_bytes=psi_stats.bytes_total + net.received.bytes_total,  # counts, sent and received
+                         psi_messages=psi_stats.messages_total + net.received.messages_total,
                          seconds=round(time.perf_counter() - t0, 3))
         log(f"{federation.label_party}: aligned {plan.counts['held_by_all']} rows held by every party "
             f"(train/val/test {'/'.join(map(str, sizes))}); columns per party {widths}")
@@ -309,12 +352,15 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
                 started.append(party)
         log(f"{federation.label_party}: {len(remote + helpers)} parties ready in {time.perf_counter() - t0:.1f} s")
         swapped = swap_remote_handles(run.algorithm, me,
-                                      lambda h: RemoteHandle(h.name, type(h), link))
+                                      lambda h: RemoteHandle(h.name, type(h), link, run.net))
         if sorted(swapped) != sorted(remote):
             raise SecvflError(f"{cfg.algo}: its handles are {swapped}, the federation's feature parties {remote}")
         transport.waited_seconds = 0.0  # from here on: the run's own waits, not the parties' start-up
         cpu_since = time.process_time()
-        transport.stats = FederatedStats(lambda: [link.call(p, STATS) for p in remote + helpers if p not in departed])
+        transport.stats = FederatedStats(
+            lambda: {p: link.call(p, STATS) for p in remote + helpers if p not in departed}, run.net.received,
+            me if me in run.net.topology.roles else None, departed)
+        transport.set_limits(run_limits(federation, run))
         if hasattr(run.algorithm, "depart"):  # any observed set of parties predicts (LASER-VFL and its baselines)
             _test_without_departed(run.algorithm, link, remote, departed, log, timeouts.wait)
         run.net.transport = transport
@@ -342,7 +388,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
                                # training and evaluation: their sum against the wall time says whether the
                                # federation waited for cores or for messages
                                "cpu_seconds": {me: round(time.process_time() - cpu_since, 3),
-                                               **{p: link.call(p, CPU)["cpu_seconds"] for p in started
+                                               **{p: _cpu_seconds(p, link.call(p, CPU)) for p in started
                                                   if p not in departed}},
                                "frame_bytes_sent_and_received": transport.wire_stats.bytes_total}}
 
@@ -355,6 +401,13 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
             except (PartyLost, SecvflError):
                 pass  # it is gone already; nothing of it is waited for
         transport.close()
+
+
+def _cpu_seconds(party: str, answer: Any) -> float:
+    seconds = answer.get("cpu_seconds") if isinstance(answer, dict) and len(answer) == 1 else None
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 <= seconds < 1e9:
+        raise PeerViolation(party, "its answer to the CPU-time request is not a number of seconds")
+    return float(seconds)
 
 
 def _test_without_departed(algorithm: Any, link: PartyLink, parties: list[str], departed: dict[str, str],

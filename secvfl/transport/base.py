@@ -7,9 +7,35 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from secvfl.errors import UnsupportedError
+from secvfl.errors import ProtocolError, UnsupportedError
 
-__all__ = ["Transport", "CommStats"]
+__all__ = ["Transport", "CommStats", "PeerViolation", "peer_text"]
+
+_SHOWN_CHARS = 300  # of a text a peer supplied, in an error or a log line
+
+
+def peer_text(text: str | bytes, limit: int = _SHOWN_CHARS) -> str:
+    """``text`` a peer supplied (an error it reports, a kind, a name), made safe for one line of a log or an error:
+    control characters (newlines, ESC sequences that would move a terminal's cursor or fake log lines) escaped,
+    invalid UTF-8 replaced, and at most ``limit`` characters (the rest counted, not shown)."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = bytes(text).decode("utf-8", "replace")
+    shown = text[:limit]
+    if not shown.isprintable():  # str.isprintable: False for C0/C1 controls, line and paragraph separators
+        shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in shown)
+    return shown + (f"... ({len(text) - limit} more characters)" if len(text) > limit else "")
+
+
+class PeerViolation(ProtocolError):
+    """A peer sent what the protocol does not allow (too much, malformed, out of turn, non-finite values, a claim
+    about another party): the run stops, naming that peer. Not a lost party: restarting the run does not help
+    while that party's process misbehaves."""
+
+    def __init__(self, party: str, problem: str) -> None:
+        super().__init__(f"party {peer_text(party, 64)} broke the protocol: {problem}; the run stops (fix that "
+                         "party's process, or leave it out of the federation, before resuming)")
+        self.party = party
+        self.problem = problem
 
 
 @dataclass

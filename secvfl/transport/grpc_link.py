@@ -17,10 +17,24 @@ BENCHMARKS.md, session 9): against the synchronous grpcio streams this replaced,
 and 28 % less in the label party's.
 
 Who is at the other end: every connection is mutual TLS with the federation's CA as the only root (grpcio's TLS
-checks the chain and the dates). A client additionally checks that the server's certificate names the party the
-federation file puts at that address (TLS host-name check against the party name), and a server checks, with
-:func:`secvfl.federation.verify_peer_certificate`, that the client's certificate names the party the client says
-it is; a peer that fails either check is refused before any message is read.
+checks the chain and the dates), and both ends apply the same certificate check,
+:func:`secvfl.federation.verify_peer_certificate` (chain to the CA, dates, both TLS usages, the party's name as CN
+and DNS subject alternative name): a server checks the certificate its client presented in TLS; a client checks
+the certificate its server proves it holds, in the answer to the client's hello (grpcio gives a client no access
+to the server's TLS certificate): the certificate and its key's signature over the client's fresh nonce and the
+digest of the client certificate the server saw in TLS -- so a server that passed TLS with another certificate
+(relaying for the real party) cannot answer. A peer that fails either check is refused before any message is read.
+
+What a peer can make this party hold is bounded (:class:`~secvfl.transport.inbox.ReceiveLimits`, per peer): the
+size of one message (checked at its first chunk, from the number of chunks it declares, before anything is
+buffered), the bytes and the number of messages received and not yet taken (beyond them the peer's stream is not
+read, so HTTP/2 flow control holds the sender), the streams it holds open, and for everyone the number of
+incoming connections and the time a TLS handshake may take. Frames are parsed strictly (a chunk over
+:data:`CHUNK_BYTES`, a count of zero, a kind that is not UTF-8 or not a registered kind, a length past the frame:
+refused). A peer that breaks a limit or sends a malformed frame has its stream closed and everything it had
+buffered dropped, and the run stops with :class:`~secvfl.transport.base.PeerViolation` naming it and the limit.
+Received messages are indexed by sender and kind (:class:`~secvfl.transport.inbox.Inbox`): a take costs the same
+whatever else is buffered.
 
 Failures: every wait has a deadline. A peer whose stream to us ends without a goodbye (process killed, host gone),
 whose stream from us fails, or that sent nothing -- not even the heartbeat each stream carries every
@@ -41,7 +55,9 @@ come on top and are measured by ``secvfl bench transport``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import stat
 import struct
 import threading
 import time
@@ -52,19 +68,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from secvfl.errors import ConfigError, MessageError, ProtocolError, SecvflError
-from secvfl.transport.base import CommStats, Transport
+from secvfl.messages import KINDS, register_kind
+from secvfl.transport.base import CommStats, PeerViolation, Transport, peer_text
+from secvfl.transport.inbox import Inbox, ReceiveLimits
 
-__all__ = ["GrpcTransport", "PeerAddress", "TlsFiles", "PartyLost", "CHUNK_BYTES", "ERROR_KIND"]
+__all__ = ["GrpcTransport", "PeerAddress", "TlsFiles", "PartyLost", "PeerViolation", "ReceiveLimits", "CHUNK_BYTES",
+           "ERROR_KIND"]
 
 CHUNK_BYTES = 1 << 20  # well under gRPC's default 4 MiB message limit
-_VERSION = 1
+_VERSION = 2  # 2: the server proves its certificate in its hello answer
 _HELLO, _DATA, _HEARTBEAT, _GOODBYE, _BATCH = 0, 1, 2, 3, 4
 _LENGTH = struct.Struct(">I")  # each frame inside a batch frame is preceded by its length
 _FRAME = struct.Struct(">BBHQII")  # version, frame type, kind length, message sequence, chunk index, chunk count
 _SERVICE = "secvfl.Link"
 _QUEUE_FRAMES = 64  # gRPC messages waiting per outgoing stream before put() waits for gRPC to take them
 # A party that fails sends this (UTF-8 text) before it stops: every party waiting on the run stops with it.
-ERROR_KIND = "party-error"
+ERROR_KIND = register_kind("party-error")
+_MAX_ERROR_BYTES = 64 << 10  # a party's own error text: more is refused
+_NONCE_BYTES = 32
+_HELLO_STATEMENT = b"secvfl hello v2\x00"  # what a server signs: this, the client's nonce, the client certificate's
+# SHA-256 as the server saw it in TLS, and the server's certificate name
 
 
 class PartyLost(SecvflError):
@@ -91,10 +114,17 @@ class TlsFiles:
     key: Path
 
     def read(self) -> tuple[bytes, bytes, bytes]:
+        """The CA certificate, the party's certificate and its private key; a key that group or others may read is
+        refused (as channel identity keys are): whoever reads it can speak as this party."""
         out = []
         for what, path in (("the CA certificate", self.ca), ("the party certificate", self.cert),
                            ("the party key", self.key)):
             try:
+                if path is self.key and os.name == "posix":
+                    mode = stat.S_IMODE(Path(path).stat().st_mode)
+                    if mode & 0o077:
+                        raise ConfigError(f"the party key {path} is accessible by group or others (mode {mode:04o}); "
+                                          f"run `chmod 600 {path}`")
                 out.append(Path(path).read_bytes())
             except OSError as exc:
                 raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}; make the certificates with "
@@ -108,14 +138,30 @@ def _frame(kind_or_name: str, ftype: int, seq: int = 0, index: int = 0, count: i
     return _FRAME.pack(_VERSION, ftype, len(label), seq, index, count) + label + payload
 
 
-def _parse(frame: bytes) -> tuple[int, str, int, int, int, memoryview]:
+def _parse(frame: bytes | memoryview) -> tuple[int, str, int, int, int, memoryview]:
+    """(frame type, kind or name, message sequence, chunk index, chunk count, payload) of one frame; anything else
+    than what :func:`_frame` writes raises :class:`MessageError` (the one error type of every parser here)."""
     if len(frame) < _FRAME.size:
-        raise MessageError(f"a frame of {len(frame)} bytes is shorter than its header")
+        raise MessageError(f"a frame of {len(frame)} bytes is shorter than its {_FRAME.size}-byte header")
     version, ftype, n, seq, index, count = _FRAME.unpack_from(frame)
     if version != _VERSION:
         raise MessageError(f"frame version {version}; this secvfl speaks version {_VERSION} (upgrade every party)")
+    if ftype > _BATCH:
+        raise MessageError(f"unknown frame type {ftype}")
+    end = _FRAME.size + n
+    if end > len(frame):
+        raise MessageError(f"a frame's kind of {n} bytes runs past the frame's {len(frame)} bytes")
+    if count == 0:
+        raise MessageError("a frame declares a count of 0 (every message has at least one chunk)")
+    if index >= count:
+        raise MessageError(f"a frame is chunk {index} of {count}")
     view = memoryview(frame)
-    return ftype, bytes(view[_FRAME.size:_FRAME.size + n]).decode(), seq, index, count, view[_FRAME.size + n:]
+    try:
+        label = bytes(view[_FRAME.size:end]).decode()
+    except UnicodeDecodeError:
+        raise MessageError(f"a frame's kind is not UTF-8 text: {peer_text(bytes(view[_FRAME.size:end]), 40)}"
+                           ) from None
+    return ftype, label, seq, index, count, view[end:]
 
 
 def _batch(frames: list[bytes]) -> bytes:
@@ -358,26 +404,108 @@ class _Outgoing:
 
 
 def _describe_rpc_error(exc: Exception) -> str:
-    details = getattr(exc, "details", lambda: None)() or str(exc)
+    details = peer_text(getattr(exc, "details", lambda: None)() or str(exc))  # the peer's words, maybe
     code = getattr(exc, "code", lambda: None)()
     name = getattr(code, "name", "")
     if name == "PERMISSION_DENIED":
         return f"it refused this party: {details}"
-    return f"its stream ended ({name or type(exc).__name__}: {details.splitlines()[0] if details else ''})"
+    return f"its stream ended ({name or type(exc).__name__}: {details})"
+
+
+# -- the hello: the server proves which certificate it holds ------------------------------------------------------
+def _certificate_der(cert: bytes) -> bytes:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    if cert.lstrip().startswith(b"-----BEGIN"):
+        return x509.load_pem_x509_certificate(cert).public_bytes(Encoding.DER)
+    return bytes(cert)
+
+
+def _hello_statement(nonce: bytes, client_cert: bytes, server_name: str) -> bytes:
+    return _HELLO_STATEMENT + nonce + hashlib.sha256(_certificate_der(client_cert)).digest() + server_name.encode()
+
+
+def _sign(key_pem: bytes, data: bytes) -> bytes:
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
+
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        return key.sign(data, ec.ECDSA(hashes.SHA256()))
+    if isinstance(key, rsa.RSAPrivateKey):
+        return key.sign(data, padding.PKCS1v15(), hashes.SHA256())
+    if isinstance(key, (ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)):
+        return key.sign(data)
+    raise ConfigError(f"a party key of type {type(key).__name__} cannot sign; make the certificates with "
+                      "`secvfl certs --federation FILE`")
+
+
+def _signature_holds(cert_der: bytes, signature: bytes, data: bytes) -> bool:
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
+
+    try:
+        key = x509.load_der_x509_certificate(cert_der).public_key()
+        if isinstance(key, ec.EllipticCurvePublicKey):
+            key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+        elif isinstance(key, rsa.RSAPublicKey):
+            key.verify(signature, data, padding.PKCS1v15(), hashes.SHA256())
+        elif isinstance(key, (ed25519.Ed25519PublicKey, ed448.Ed448PublicKey)):
+            key.verify(signature, data)
+        else:
+            return False
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
+def _hello_answer(cert_der: bytes, signature: bytes) -> bytes:
+    return _LENGTH.pack(len(cert_der)) + cert_der + signature
+
+
+def _read_hello_answer(payload: memoryview) -> tuple[bytes, bytes]:
+    if len(payload) < _LENGTH.size:
+        raise MessageError("a hello answer without its certificate")
+    (n,) = _LENGTH.unpack_from(payload)
+    if n > len(payload) - _LENGTH.size:
+        raise MessageError("a hello answer's certificate runs past its end")
+    return bytes(payload[_LENGTH.size:_LENGTH.size + n]), bytes(payload[_LENGTH.size + n:])
+
+
+class _Refused(Exception):
+    """(On the loop.) A peer broke a receive limit or sent a malformed frame: ``problem`` says how."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+class _Assembly:
+    """The chunks of the one message a peer's stream is delivering (a stream delivers in order)."""
+
+    __slots__ = ("kind", "seq", "count", "parts", "nbytes")
+
+    def __init__(self) -> None:
+        self.kind, self.seq, self.count, self.parts, self.nbytes = "", 0, 0, [], 0
 
 
 class GrpcTransport(Transport):
     """The transport of one party process: ``local`` is this party's run name, ``peers`` every other party.
 
-    ``verify(cert_name, pem)`` is called by the server for every incoming connection with the certificate name the
-    client claims and the certificate it presented; it raises to refuse. ``timeout`` bounds every wait for a message
-    and every connection attempt; ``peer_timeout`` is how long a silent peer is tolerated (heartbeats come every
-    ``heartbeat`` seconds).
+    ``verify(cert_name, cert)`` accepts or refuses (raising ProtocolError) a peer's certificate (PEM or DER) as the
+    certificate of the party ``cert_name``: the server calls it for every client, the client for every server it
+    opens a stream to. ``timeout`` bounds every wait for a message and every connection attempt; ``peer_timeout`` is
+    how long a silent peer is tolerated (heartbeats come every ``heartbeat`` seconds). ``limits``: what a peer may
+    make this party hold (:class:`ReceiveLimits`; :meth:`set_limits` changes them once a run knows its sizes).
     """
 
     def __init__(self, local: PeerAddress, peers: Mapping[str, PeerAddress], tls: TlsFiles, *,
                  verify: Callable[[str, bytes], None], timeout: float = 300.0, heartbeat: float = 1.0,
-                 peer_timeout: float = 10.0, log: Callable[[str], None] | None = None) -> None:
+                 peer_timeout: float = 10.0, log: Callable[[str], None] | None = None,
+                 limits: ReceiveLimits | None = None) -> None:
         # grpcio's own log lines (C-core, on stderr) would repeat what the errors raised here say in a party's terms
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")
         import grpc  # deferred: the in-process default never needs grpcio loaded
@@ -390,17 +518,23 @@ class GrpcTransport(Transport):
         self.timeout = float(timeout)
         self.heartbeat = float(heartbeat)
         self.peer_timeout = float(peer_timeout)
+        self.limits = limits or ReceiveLimits()
         self.control_stats = CommStats()
         self.wire_stats = CommStats()
         self.waited_seconds = 0.0  # time spent in take() waiting for messages (where a party's time goes)
         self._log = log or (lambda _: None)
         self._ca, self._cert, self._key = tls.read()
+        self._cert_der = _certificate_der(self._cert)
         self._verify = verify
-        self._inbox: deque[tuple[str, str, bytes]] = deque()
+        self._inbox = Inbox()
         self._arrived = threading.Condition()
         self._last_seen: dict[str, float] = {}
         self._gone: dict[str, str] = {}
         self._failed: dict[str, str] = {}  # parties that reported their own failure (fatal to the run)
+        self._violated: dict[str, str] = {}  # parties that broke the protocol (fatal to the run)
+        self._assembling: dict[str, int] = {}  # bytes of the message a peer's stream is delivering
+        self._paused: dict[str, asyncio.Event] = {}  # peers whose stream waits for room in their buffer
+        self._streams: dict[str, int] = {}  # open streams per peer
         self._outgoing: dict[str, _Outgoing] = {}
         self._out_lock = threading.Lock()
         self._wire_lock = threading.Lock()  # the loop counts what arrives, the party's thread what it sends
@@ -412,11 +546,23 @@ class GrpcTransport(Transport):
             self._loop.stop(2.0)
             raise
 
+    def set_limits(self, limits: ReceiveLimits) -> None:
+        """Receive limits from now on (a run sets those derived from what it sends once it is built)."""
+        with self._arrived:
+            self.limits = limits
+            for peer in list(self._paused):
+                self._room_made(peer)
+
     async def _start_server(self):
         grpc = self._grpc
+        limits = self.limits
         options = [("grpc.max_receive_message_length", 2 * CHUNK_BYTES + 4096),
                    ("grpc.max_send_message_length", 2 * CHUNK_BYTES + 4096),
-                   ("grpc.so_reuseport", 0)]  # a second process on this port must fail, not share the traffic
+                   ("grpc.so_reuseport", 0),  # a second process on this port must fail, not share the traffic
+                   # what a connection may hold before and after authentication (gRPC's own limits)
+                   ("grpc.max_allowed_incoming_connections", limits.connections),
+                   ("grpc.server_handshake_timeout_ms", int(limits.handshake_seconds * 1000)),
+                   ("grpc.max_concurrent_streams", 2 * limits.streams_per_peer + 2)]
         server = grpc.aio.server(options=options)
         handlers = {
             "Hello": grpc.unary_unary_rpc_method_handler(self._hello, request_deserializer=None,
@@ -440,84 +586,195 @@ class GrpcTransport(Transport):
         return server
 
     # -- server side: who is calling, and what they send -------------------------------------------------------
-    async def _identify(self, first: bytes, context) -> PeerAddress:
-        ftype, cert_name, *_ = _parse(first)
+    async def _identify(self, first: bytes, context) -> tuple[PeerAddress, memoryview]:
+        """The peer a hello frame (a stream's first frame, or the Hello call) comes from, after checking its
+        certificate; returns it with the hello's payload (the client's nonce)."""
+        grpc = self._grpc
+        try:
+            ftype, cert_name, *_, payload = _parse(first)
+        except MessageError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.local.name}: {exc}")
         peer = self._by_cert.get(cert_name)
         if ftype != _HELLO or peer is None:
-            await context.abort(self._grpc.StatusCode.PERMISSION_DENIED,
-                                f"{self.local.name}: {cert_name!r} is not a party of this federation")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"{self.local.name}: {peer_text(cert_name, 64)!r} is not a party of this federation")
         pem = (context.auth_context().get("x509_pem_cert") or [b""])[0]
         try:
             self._verify(cert_name, pem)
         except ProtocolError as exc:
             self._log(f"refused a connection: {exc}")
-            await context.abort(self._grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        return peer
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        if peer.name in self._violated:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"{self.local.name} closed its link to {peer.name}: {self._violated[peer.name]}")
+        return peer, payload
 
     async def _hello(self, request: bytes, context) -> bytes:
-        await self._identify(request, context)
-        return _frame(self.local.cert_name, _HELLO)
+        peer, nonce = await self._identify(request, context)
+        if len(nonce) != _NONCE_BYTES:
+            await context.abort(self._grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{self.local.name}: a hello carries a {_NONCE_BYTES}-byte nonce")
+        client_cert = (context.auth_context().get("x509_pem_cert") or [b""])[0]
+        statement = _hello_statement(bytes(nonce), client_cert, self.local.cert_name)
+        return _frame(self.local.cert_name, _HELLO, payload=_hello_answer(self._cert_der, _sign(self._key, statement)))
 
     async def _stream(self, frames: AsyncIterator[bytes], context) -> bytes:
         incoming = frames.__aiter__()
-        try:
-            first = await incoming.__anext__()
-        except StopAsyncIteration:
+        try:  # a stream that never says who it is holds nothing for long
+            first = await asyncio.wait_for(incoming.__anext__(), self.limits.handshake_seconds)
+        except (TimeoutError, StopAsyncIteration):
             return b""
-        peer = await self._identify(first, context)
-        self._seen(peer.name)
-        parts: list[memoryview] = []
+        peer, _ = await self._identify(first, context)
+        name = peer.name
+        self._streams[name] = self._streams.get(name, 0) + 1
+        try:
+            if self._streams[name] > self.limits.streams_per_peer:
+                raise _Refused(f"it opened {self._streams[name]} streams at once (limit {self.limits.streams_per_peer} "
+                               "per peer: streams_per_peer)")
+            return await self._read(peer, incoming, context)
+        except _Refused as refused:
+            await self._refuse(name, refused.problem, context)
+        finally:
+            self._streams[name] -= 1
+        return b""
+
+    async def _read(self, peer: PeerAddress, incoming, context) -> bytes:
+        """(On the loop.) Deliver what ``peer``'s stream carries, reading a gRPC message only when the peer's buffer
+        has room (otherwise HTTP/2 flow control holds the sender)."""
+        name = peer.name
+        self._seen(name)
+        assembly = _Assembly()
         ended = False
         try:
-            async for frame in incoming:
-                self._seen(peer.name)
+            while True:
+                await self._wait_for_room(name)
+                try:
+                    frame = await incoming.__anext__()
+                except StopAsyncIteration:
+                    break
+                self._seen(name)
                 with self._wire_lock:
-                    self.wire_stats.count(peer.name, self.local.name, "received", len(frame))
-                parsed = _parse(frame)
-                ftype, _kind, _seq, _index, count, payload = parsed
-                inner = [_parse(f) for f in _unbatch(payload, count)] if ftype == _BATCH else [parsed]
-                ended = self._deliver(peer.name, inner, parts)
+                    self.wire_stats.count(name, self.local.name, "received", len(frame))
+                try:
+                    parsed = _parse(frame)
+                    ftype, _kind, _seq, _index, count, payload = parsed
+                    inner = [_parse(f) for f in _unbatch(payload, count)] if ftype == _BATCH else [parsed]
+                except MessageError as exc:
+                    raise _Refused(f"it sent a malformed frame ({exc})") from None
+                ended = self._deliver(name, inner, assembly)
                 if ended:
                     break
         except asyncio.CancelledError:  # the server is stopping (or the peer's call was cancelled)
             if not self._closed:
-                self._lose(peer.name, "its connection was cancelled (process stopped?)")
+                self._lose(name, "its connection was cancelled (process stopped?)")
             raise
-        except Exception as exc:  # noqa: BLE001 - the stream broke (peer gone) or sent garbage: the peer is lost
-            self._lose(peer.name, str(exc) if isinstance(exc, MessageError) else
-                       f"its connection broke ({type(exc).__name__}; process stopped?)")
+        except _Refused:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the stream broke: the peer is lost
+            self._lose(name, f"its connection broke ({type(exc).__name__}; process stopped?)")
             return b""
+        finally:
+            self._assembling.pop(name, None)
         if not ended and not self._closed:
-            self._lose(peer.name, "its connection closed without a goodbye (process stopped?)")
+            self._lose(name, "its connection closed without a goodbye (process stopped?)")
         return b""
 
-    def _deliver(self, sender: str, frames: list[tuple], parts: list[memoryview]) -> bool:
-        """(On the loop.) Put the messages that ``frames`` complete in the inbox (chunks are gathered in ``parts``
-        until their message is whole) and wake the party's thread once; returns whether the peer said goodbye."""
-        arrived: list[tuple[str, str, bytes]] = []
+    async def _refuse(self, peer: str, problem: str, context) -> None:
+        """(On the loop.) ``peer`` broke the protocol: drop what it had buffered, remember why (every wait of the
+        party now raises PeerViolation), and close its stream with the reason."""
+        line = peer_text(problem, 500)
+        with self._arrived:
+            first = peer not in self._violated
+            self._violated.setdefault(peer, line)
+            self._inbox.drop(peer)
+            self._arrived.notify_all()
+        if first:
+            self._log(f"{self.local.name}: closed the link from {peer}: {line}")
+        await context.abort(self._grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.local.name} closed the link: {line}")
+
+    def _has_room(self, peer: str) -> bool:
+        """(Under the lock.)"""
+        limits = self.limits
+        return (self._inbox.bytes.get(peer, 0) + self._assembling.get(peer, 0) < limits.max_buffered_bytes
+                and self._inbox.messages.get(peer, 0) < limits.max_buffered_messages)
+
+    async def _wait_for_room(self, peer: str) -> None:
+        while True:
+            with self._arrived:
+                if peer in self._violated:
+                    raise _Refused(self._violated[peer])
+                if self._has_room(peer):
+                    return
+                room = self._paused.get(peer)
+                if room is None:
+                    room = self._paused[peer] = asyncio.Event()
+                    self._arrived.notify_all()  # a party waiting for this peer now learns that it is paused
+            await room.wait()
+
+    def _room_made(self, peer: str) -> None:
+        """(Under the lock, from the party's thread.) Resume ``peer``'s stream if it waits and has room now."""
+        room = self._paused.get(peer)
+        if room is not None and (peer in self._violated or self._has_room(peer)):
+            del self._paused[peer]
+            self._loop.soon(room.set)
+
+    def _deliver(self, sender: str, frames: list[tuple], assembly: _Assembly) -> bool:
+        """(On the loop.) Put the messages that ``frames`` complete in the inbox (chunks are gathered in
+        ``assembly`` until their message is whole) and wake the party's thread once; returns whether the peer said
+        goodbye. A frame that breaks the rules raises _Refused."""
+        arrived: list[tuple[str, bytes]] = []
         failure = None
         ended = False
-        for ftype, kind, _seq, index, count, payload in frames:
+        limits = self.limits
+        for ftype, kind, seq, index, count, payload in frames:
             if ftype == _HEARTBEAT:
                 continue
             if ftype == _GOODBYE:
                 ended = True
                 break
             if ftype != _DATA:
-                raise MessageError(f"{sender} sent a frame of type {ftype} inside a stream")
-            if index != len(parts):
-                raise MessageError(f"chunk {index} of a {kind} message from {sender} came out of order")
-            parts.append(payload)
-            if index + 1 == count:
-                data = parts[0].tobytes() if count == 1 else b"".join(parts)
-                parts.clear()
-                if kind == ERROR_KIND:
-                    failure = data.decode("utf-8", "replace")
-                else:
-                    arrived.append((sender, kind, data))
+                raise _Refused(f"it sent a frame of type {ftype} inside a stream")
+            size = len(payload)
+            if size > CHUNK_BYTES:
+                raise _Refused(f"it sent a chunk of {size} bytes (chunks are at most {CHUNK_BYTES})")
+            if index == 0:
+                if assembly.parts:
+                    raise _Refused(f"it started a {peer_text(kind, 64)} message inside another one")
+                if kind not in KINDS:
+                    raise _Refused(f"it sent a message of an unknown kind {peer_text(kind, 64)!r}")
+                if (count - 1) * CHUNK_BYTES >= limits.max_message_bytes:
+                    raise _Refused(f"it declared a {kind} message of {count} chunks (over {(count - 1) * CHUNK_BYTES} "
+                                   f"bytes; limit {limits.max_message_bytes} bytes: max_message_mib)")
+                assembly.kind, assembly.seq, assembly.count = kind, seq, count
+            elif (index != len(assembly.parts) or kind != assembly.kind or seq != assembly.seq
+                  or count != assembly.count):
+                raise _Refused(f"chunk {index} of a {peer_text(kind, 64)} message came out of order")
+            if index + 1 < count and size != CHUNK_BYTES:
+                raise _Refused(f"chunk {index} of {count} of a {kind} message has {size} bytes, not {CHUNK_BYTES}")
+            if index + 1 == count and count > 1 and size == 0:
+                raise _Refused(f"the last chunk of a {kind} message is empty")
+            assembly.parts.append(payload)
+            assembly.nbytes += size
+            if assembly.nbytes > limits.max_message_bytes:
+                raise _Refused(f"it sent a {kind} message over {limits.max_message_bytes} bytes (max_message_mib)")
+            if index + 1 < count:
+                self._assembling[sender] = assembly.nbytes
+                continue
+            data = assembly.parts[0].tobytes() if count == 1 else b"".join(assembly.parts)
+            assembly.parts, assembly.nbytes = [], 0
+            self._assembling[sender] = 0
+            if kind == ERROR_KIND:
+                if len(data) > _MAX_ERROR_BYTES:
+                    raise _Refused(f"it reported an error of {len(data)} bytes (at most {_MAX_ERROR_BYTES})")
+                failure = peer_text(data)
+            else:
+                arrived.append((kind, data))
         if arrived or failure is not None:
             with self._arrived:
-                self._inbox.extend(arrived)
+                if sender in self._violated:
+                    return True
+                for kind, data in arrived:
+                    self._inbox.add(sender, kind, data)
                 if failure is not None:
                     self._failed.setdefault(sender, failure)
                 self._arrived.notify_all()
@@ -558,15 +815,16 @@ class GrpcTransport(Transport):
                    ("grpc.keepalive_time_ms", max(1000, int(self.heartbeat * 1000))),
                    ("grpc.keepalive_timeout_ms", max(1000, int(self.peer_timeout * 1000)))]
         deadline = time.monotonic() + self.timeout
-        hello = _frame(self.local.cert_name, _HELLO)
         while True:
+            nonce = os.urandom(_NONCE_BYTES)
+            hello = _frame(self.local.cert_name, _HELLO, payload=nonce)
             channel = grpc.aio.secure_channel(peer.address, credentials, options=options)
             call = channel.unary_unary(f"/{_SERVICE}/Hello", request_serializer=None, response_deserializer=None)
             try:
                 answer = await call(hello, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
             except grpc.aio.AioRpcError as exc:
                 await channel.close()
-                details = exc.details() or ""
+                details = peer_text(exc.details() or "")
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise ProtocolError(f"party {peer.name} at {peer.address} refused {self.local.name}: {details}"
                                         ) from None
@@ -580,12 +838,29 @@ class GrpcTransport(Transport):
                                     f"({details.strip() or exc.code().name})") from None
                 await asyncio.sleep(0.2)
                 continue
-            if _parse(answer)[1] != peer.cert_name:
+            try:
+                self._check_hello_answer(peer, answer, nonce)
+            except (ProtocolError, MessageError):
                 await channel.close()
-                raise ProtocolError(f"the party at {peer.address} answered as {_parse(answer)[1]!r}, not "
-                                    f"{peer.cert_name!r}")
+                raise
             await link.start(channel, hello)
             return
+
+    def _check_hello_answer(self, peer: PeerAddress, answer: bytes, nonce: bytes) -> None:
+        """The server at ``peer.address`` must prove that it holds the key of a certificate that passes the same
+        check a server applies to its clients, for the party the federation file puts there."""
+        where = f"the party at {peer.address}"
+        ftype, name, *_, payload = _parse(answer)
+        if ftype != _HELLO or name != peer.cert_name:
+            raise ProtocolError(f"{where} answered as {peer_text(name, 64)!r}, not {peer.cert_name!r}")
+        cert_der, signature = _read_hello_answer(payload)
+        try:
+            self._verify(peer.cert_name, cert_der)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{where} is refused: {exc}") from None
+        if not _signature_holds(cert_der, signature, _hello_statement(nonce, self._cert_der, peer.cert_name)):
+            raise ProtocolError(f"{where} did not prove that it holds the key of {peer.cert_name}'s certificate "
+                                "(its hello's signature does not verify)")
 
     # -- Transport ---------------------------------------------------------------------------------------------
     def _send(self, sender: str, receiver: str, kind: str, data: bytes, stats: CommStats) -> None:
@@ -640,6 +915,15 @@ class GrpcTransport(Transport):
         """Send a party-handle request or reply (counted in ``control_stats``, not with the algorithm's messages)."""
         self._send(sender, receiver, kind, data, self.control_stats)
 
+    def _pop(self, sender: str | None, kind: str | None) -> bytes | None:
+        """(Under the lock.) The oldest buffered message matching the filters, taken out; None if none."""
+        got = self._inbox.pop(sender, kind)
+        if got is None:
+            return None
+        if self._paused:
+            self._room_made(got[0])
+        return got[2]
+
     def take(self, receiver: str, *, kind: str | None = None, sender: str | None = None,
              timeout: float | None = None) -> bytes:
         if receiver != self.local.name:
@@ -651,12 +935,11 @@ class GrpcTransport(Transport):
         what = f"{'a ' + kind if kind else 'any'} message from {sender or 'any party'}"
         with self._arrived:
             while True:
-                for i, (s, k, data) in enumerate(self._inbox):
-                    if (kind is None or k == kind) and (sender is None or s == sender):
-                        del self._inbox[i]
-                        self.waited_seconds += time.monotonic() - start
-                        return data
-                self._check_alive(sender, what)
+                data = self._pop(sender, kind)
+                if data is not None:
+                    self.waited_seconds += time.monotonic() - start
+                    return data
+                self._check_alive(sender, what, kind)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise PartyLost(sender or "?", f"{self.local.name} waited {limit:g} s for {what}; raise "
@@ -671,18 +954,34 @@ class GrpcTransport(Transport):
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         with self._arrived:
-            while not self._inbox:
-                self._check_alive(None, "any message")
+            while True:
+                oldest = self._inbox.peek()
+                if oldest is not None:
+                    return oldest
+                self._check_alive(None, "any message", None)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise PartyLost("?", f"{self.local.name} waited {limit:g} s and nothing came")
                 self._arrived.wait(timeout=min(left, self.heartbeat))
-            sender, kind, _ = self._inbox[0]
-            return sender, kind
 
-    def _check_alive(self, sender: str | None, what: str) -> None:
+    def _check_alive(self, sender: str | None, what: str, kind: str | None) -> None:
+        """(Under the lock.) Raise why the wait for ``what`` cannot succeed, if it cannot."""
+        for party, problem in sorted(self._violated.items()):
+            raise PeerViolation(party, problem)
         for party, text in sorted(self._failed.items()):
             raise PartyLost(party, text)
+        if sender is not None and sender in self._paused and not self._inbox.holds(sender, kind):
+            # its buffer is full of messages this party did not ask for, and what it waits for is behind them
+            limits = self.limits
+            problem = (f"it sent {self._inbox.messages.get(sender, 0)} messages "
+                       f"({self._inbox.bytes.get(sender, 0) + self._assembling.get(sender, 0)} bytes) that "
+                       f"{self.local.name} did not ask for, filling its receive buffer (limits per peer: "
+                       f"{limits.max_buffered_messages} messages, {limits.max_buffered_bytes} bytes: "
+                       f"buffered_messages, buffer_mib) while {self.local.name} waited for {what}")
+            self._violated[sender] = problem
+            self._inbox.drop(sender)
+            self._room_made(sender)  # its reader wakes, sees the violation and closes the stream
+            raise PeerViolation(sender, problem)
         now = time.monotonic()
         for party in [sender] if sender is not None else sorted(self.peers):
             reason = self._gone.get(party)
@@ -690,10 +989,22 @@ class GrpcTransport(Transport):
             if reason is None and link is not None and link.error is not None:
                 reason = link.error
             seen = self._last_seen.get(party)
-            if reason is None and seen is not None and now - seen > self.peer_timeout:
+            if reason is None and seen is not None and now - seen > self.peer_timeout and party not in self._paused:
                 reason = f"no heartbeat for {now - seen:.1f} s (limit {self.peer_timeout:g} s)"
             if reason is not None:
                 raise PartyLost(party, f"{reason} (while {self.local.name} waited for {what})")
+
+    def lost(self, party: str) -> str | None:
+        """Why ``party`` is gone as this process sees it (its stream ended, its link failed, no heartbeat for the
+        peer timeout), or None while it is heard from."""
+        with self._arrived:
+            try:
+                self._check_alive(party, "nothing", None)
+            except PartyLost as exc:
+                return str(exc)
+            except PeerViolation:
+                return None
+        return None
 
     def drain_until(self, receiver: str, sender: str, kind: str, *, timeout: float | None = None) -> int:
         """Discard ``sender``'s messages to ``receiver``, oldest first, up to and including the first of ``kind``
@@ -707,24 +1018,23 @@ class GrpcTransport(Transport):
         dropped = 0
         with self._arrived:
             while True:
-                for i, (s, k, _) in enumerate(self._inbox):
-                    if s != sender:
-                        continue
-                    del self._inbox[i]
-                    if k == kind:
+                got = self._inbox.pop(sender, None)
+                if got is not None:
+                    if self._paused:
+                        self._room_made(sender)
+                    if got[1] == kind:
                         return dropped
                     dropped += 1
-                    break
-                else:
-                    self._check_alive(sender, f"a {kind} message")
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise PartyLost(sender, f"{self.local.name} waited {limit:g} s for a {kind} message")
-                    self._arrived.wait(timeout=min(left, self.heartbeat))
+                    continue
+                self._check_alive(sender, f"a {kind} message", None)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PartyLost(sender, f"{self.local.name} waited {limit:g} s for a {kind} message")
+                self._arrived.wait(timeout=min(left, self.heartbeat))
 
     def pending(self, receiver: str | None = None) -> int:
         with self._arrived:
-            return len(self._inbox)
+            return self._inbox.total
 
     def close(self, grace: float = 2.0) -> None:
         """Say goodbye on every stream, then stop the server (bounded by ``grace`` seconds per step)."""

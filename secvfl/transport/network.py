@@ -13,7 +13,8 @@ from typing import Any
 
 from secvfl.errors import MessageError
 from secvfl.messages import Message, decode, encode, encoded_payload_size, mark_delivered
-from secvfl.transport.base import CommStats, Transport
+from secvfl.transport.base import CommStats, PeerViolation, Transport
+from secvfl.transport.guard import ReceiveGuard
 from secvfl.transport.inprocess import InProcessTransport
 from secvfl.transport.layers import (
     Aggregation,
@@ -66,6 +67,12 @@ class Network:
         for layer in self.layers:
             layer.bind(self.topology)
         self.aggregation.bind(self.topology)
+        # Every message a party of this process receives is checked here (secvfl.transport.guard), after the
+        # receiver's own layers: sender, step, rows, width, dtype, finiteness.
+        self.guard = ReceiveGuard(traits.forward_kinds if traits else (), traits.backward_kinds if traits else ())
+        # What this process's parties received, by sender and kind, counted at the receiver (a deployed run checks
+        # it against what each sender says it sent: secvfl.deploy.remote.FederatedStats).
+        self.received = CommStats()
         self._views: dict[str, View] = {}
         # Inputs parties submitted to the aggregation, per (receiver, kind), until the receiver aggregates them.
         self._submitted: dict[tuple[str, str], list[Message]] = {}
@@ -109,15 +116,23 @@ class Network:
     def receive(self, receiver: str, *, kind: str | None = None, sender: str | None = None) -> Message:
         """Take the oldest matching message for ``receiver`` and pass it through the receiver's inbound layers."""
         data = self.transport.take(receiver, kind=kind, sender=sender)
-        msg = decode(data)
+        try:
+            wire = msg = decode(data)
+        except MessageError as exc:  # the transport's label names who sent these bytes
+            raise PeerViolation(sender or "?", f"it sent {receiver} bytes that are not a message ({exc})") from None
         for layer in reversed(self.layers):
             msg = layer.inbound(msg, receiver)
-        # The transport routes by its own labels; the (authenticated) message must agree with what was asked for.
+        # The transport routes by its own labels (the sender a peer's link is authenticated as); the message must
+        # agree with what was asked for.
         if msg.receiver != receiver or (kind is not None and msg.kind != kind) or (sender is not None and msg.sender != sender):
-            raise MessageError(
-                f"{receiver} asked for a {kind or 'any'} message from {sender or 'anyone'} but got a {msg.kind} "
-                f"message from {msg.sender} to {msg.receiver}; the message was misrouted or relabelled"
-            )
+            problem = (f"{receiver} asked for a {kind or 'any'} message from {sender or 'anyone'} but got a {msg.kind} "
+                       f"message from {msg.sender} to {msg.receiver}; the message was misrouted or relabelled")
+            if sender is None:
+                raise MessageError(problem)
+            raise PeerViolation(sender, problem)
+        self.received.count(msg.sender, receiver, wire.kind, len(data))  # as its sender counted it (Network.send)
+        self.received.count_payload(wire.kind, encoded_payload_size(data))
+        self.guard.check(msg, receiver)
         # The receiver's layers act for the receiver (decompress, open a sealed envelope): what they return is what
         # the receiver got off the wire.
         msg = mark_delivered(msg)
@@ -131,8 +146,18 @@ class Network:
         if msg.receiver != receiver:
             raise MessageError(f"the {self.aggregation.name} aggregation addressed the sum for {receiver} to "
                                f"{msg.receiver}")
+        self._check_sum(msg, receiver, [m.sender for m in messages])
         # Built by the aggregation, for the receiver, from what it received through this network.
         return mark_delivered(msg)
+
+    def _check_sum(self, total: Message, receiver: str, senders: Sequence[str]) -> None:
+        """The guard's check of an aggregate (its inputs were checked one by one where they arrived in the clear;
+        under encryption or masks only the sum can be): a violation names the parties summed."""
+        try:
+            self.guard.check(total, receiver)
+        except PeerViolation as exc:
+            who = ", ".join(senders) or total.sender
+            raise PeerViolation(f"{who} (through the {self.aggregation.name} aggregation)", exc.problem) from None
 
     def submit(self, message: Message) -> None:
         """A party's input to the next aggregation for ``message.receiver`` (:meth:`aggregate_submitted`).
@@ -157,6 +182,7 @@ class Network:
             if not senders:
                 raise MessageError(f"aggregating {kind} across processes needs the senders' names")
             total = self.aggregation.collect(self, receiver, kind, senders, op)
+            self._check_sum(total, receiver, senders)
             return mark_delivered(total)
         messages = self._submitted.pop((receiver, kind), [])
         if not messages:
@@ -205,13 +231,14 @@ class Network:
 
     def state_dict(self) -> dict:
         state = {"stats": self.stats.state_dict(), "layers": [layer.state_dict() for layer in self.layers],
-                 "aggregation": self.aggregation.state_dict()}
+                 "aggregation": self.aggregation.state_dict(), "received": self.received.state_dict()}
         if self.remote_states:
             state["remote"] = {name: save() for name, (save, _) in self.remote_states.items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         self.stats.load_state_dict(state["stats"])
+        self.received.load_state_dict(state.get("received", {}))  # (checkpoints from before it was counted: none)
         for layer, s in zip(self.layers, state["layers"], strict=True):
             layer.load_state_dict(s)
         self.aggregation.load_state_dict(state.get("aggregation", {}))

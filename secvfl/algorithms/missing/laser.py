@@ -318,6 +318,9 @@ class LaserVFL(MissingAlgorithm):
     def handles(self) -> dict[str, PartyHandle]:
         return {h.name: h for h in self.laser_handles}
 
+    def message_widths(self) -> dict[str, int]:
+        return {"embedding": self.cfg.embedding_dim}
+
     @property
     def laser_parties(self) -> list[LaserParty]:
         """The party objects, in process only (protocol set-up, tests; see :meth:`parties`)."""

@@ -60,6 +60,10 @@ class VIMAlgorithm(FeatureLabelAlgorithm):
     options_type = VIMOptions
     aggregated: ClassVar[bool] = False
 
+    def message_widths(self) -> dict[str, int]:
+        # the parties' outputs: embeddings h^k (VIMSGD, VIMADMM) or local logits h^k W_k (VIMADMM-J)
+        return {kind: self.d_f if kind == "embedding" else self.d_c for kind in self.traits.forward_kinds}
+
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         cfg, data, part = ctx.config, ctx.data, ctx.partition

@@ -1,0 +1,149 @@
+"""What a receiver accepts of the algorithm's messages: the one check every received message goes through.
+
+:meth:`secvfl.transport.network.Network.receive` (and the network's aggregation results) hand each message, after
+the receiver's own protocol layers, to :meth:`ReceiveGuard.check` before any party code touches it. Algorithms
+declare nothing per message and grow no branch: the guard knows
+
+* the **round** the receiver is in: the public facts (``step``, ``split``, and the batch's rows from ``ids`` or
+  ``rows``) of the party request being served in this process, recorded by the :func:`secvfl.handles.request`
+  wrapper (and, in a coordinator's process, by the remote handles, for the requests it makes of parties in other
+  processes); a request that names a step starts a new round, one that names only rows or a split adds them;
+* the algorithm's **traits**: which kinds are its forward outputs (one row per batch row) and backward messages;
+* the **widths** the algorithm declares for its forward outputs (:meth:`Algorithm.message_widths`), and what each
+  stream (sender, kind, tensor) carried first: its dtype and trailing shape stay the same for the whole run.
+
+Refused, naming the sender (:class:`~secvfl.transport.base.PeerViolation`): non-finite values in any floating
+tensor (a NaN that arrived never reaches a loss, so no run blames ``--lr`` for a peer's NaN); integer tensors where
+an algorithm sends floats; a step other than the round's (stale, replayed, duplicated or future messages: an
+algorithm numbers every training batch, so an extra or old message is out of turn), or older than the stream's
+last; rows other than the round's (forward outputs and gradients have one row per batch row); a width other than
+the declared or the stream's first. Evaluation batches share a step: there a duplicated message of the right
+shape is indistinguishable from a wrong one (a party can always send wrong values), and is refused once its rows or
+its turn differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from secvfl.messages import Message
+from secvfl.transport.base import PeerViolation
+
+__all__ = ["ReceiveGuard", "Round", "request_facts"]
+
+_INTEGER_KINDS = frozenset({"prediction", "labels"})  # outputs that are class labels, not values
+
+
+@dataclass
+class Round:
+    """The public facts of the request a process is serving: what the messages it receives must match."""
+
+    step: int | None = None
+    split: str | None = None
+    rows: int | None = None
+
+
+def request_facts(bound: Mapping[str, Any]) -> dict[str, Any]:
+    """The round facts among a request's named arguments (``step``, ``split``, ``ids`` or ``rows``)."""
+    facts: dict[str, Any] = {}
+    step = bound.get("step")
+    if isinstance(step, int) and not isinstance(step, bool):
+        facts["step"] = step
+    split = bound.get("split")
+    if isinstance(split, str):
+        facts["split"] = split
+    for name in ("ids", "rows"):
+        rows = bound.get(name)
+        if rows is not None and hasattr(rows, "__len__") and not isinstance(rows, (str, bytes, dict)):
+            facts["rows"] = len(rows)
+    return facts
+
+
+class ReceiveGuard:
+    """Checks each message a party of this process receives against the round, the algorithm's traits and what
+    the stream carried before (see the module docstring)."""
+
+    def __init__(self, forward_kinds: Sequence[str] = (), backward_kinds: Sequence[str] = ()) -> None:
+        self.forward = frozenset(forward_kinds)
+        self.backward = frozenset(backward_kinds)
+        self.round = Round()
+        self.widths: dict[str, int] = {}
+        self._dtypes: dict[tuple[str, str, str], torch.dtype] = {}
+        self._shapes: dict[tuple[str, str, str], tuple[int, ...]] = {}
+        self._steps: dict[tuple[str, str, str], int] = {}
+
+    def begin(self, facts: Mapping[str, Any]) -> None:
+        """A request with these facts is being served (see :func:`request_facts`)."""
+        if not facts:
+            return
+        if "step" in facts:
+            self.round = Round(facts["step"], facts.get("split"), facts.get("rows"))
+        else:
+            if "split" in facts:
+                self.round.split = facts["split"]
+            if "rows" in facts:
+                self.round.rows = facts["rows"]
+
+    def declare_widths(self, widths: Mapping[str, int]) -> None:
+        """Columns of each forward kind's tensors, as the algorithm builds them."""
+        self.widths.update({k: int(v) for k, v in widths.items()})
+
+    def check(self, message: Message, receiver: str) -> None:
+        """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it."""
+        sender, kind = message.sender, message.kind
+        for name, t in message.tensors.items():
+            if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise PeerViolation(sender, f"its {kind} message to {receiver} (step {message.step}) holds {bad} "
+                                    f"non-finite value{'s' * (bad != 1)} (NaN or infinity) in {name!r}")
+        if kind not in self.forward and kind not in self.backward:
+            return
+        where = f"its {kind} message to {receiver}"
+        self._check_step(message, receiver, where)
+        for name, t in message.tensors.items():
+            key = (sender, kind, name)
+            if kind not in _INTEGER_KINDS and not t.is_floating_point():
+                raise PeerViolation(sender, f"{where} (step {message.step}) carries {name!r} as {t.dtype}, not a "
+                                    "floating-point tensor")
+            first = self._dtypes.setdefault(key, t.dtype)
+            if t.dtype != first:
+                raise PeerViolation(sender, f"{where} (step {message.step}) carries {name!r} as {t.dtype}; its "
+                                    f"earlier ones were {first}")
+            if kind in self.forward or kind == "gradient":
+                self._check_rows(message, name, t, where)
+
+    def _check_step(self, message: Message, receiver: str, where: str) -> None:
+        step, expected = message.step, self.round.step
+        if expected is not None and step != expected:
+            what = "an old or replayed message" if step < expected else "a message from the future"
+            raise PeerViolation(message.sender, f"{where} is for step {step}, but {receiver} is at step {expected} "
+                                f"({what}, or one sent twice)")
+        stream = (message.sender, receiver, message.kind)
+        last = self._steps.get(stream)
+        if last is not None and step < last:
+            raise PeerViolation(message.sender, f"{where} is for step {step}, after one for step {last} (an old "
+                                "or replayed message)")
+        self._steps[stream] = step
+
+    def _check_rows(self, message: Message, name: str, t: torch.Tensor, where: str) -> None:
+        sender = message.sender
+        if t.dim() == 0:
+            raise PeerViolation(sender, f"{where} (step {message.step}) carries {name!r} as a scalar, not one row "
+                                "per batch row")
+        rows = self.round.rows
+        if rows is not None and t.shape[0] != rows:
+            raise PeerViolation(sender, f"{where} (step {message.step}) has {t.shape[0]} rows in {name!r}; the "
+                                f"batch has {rows}")
+        trailing = tuple(t.shape[1:])
+        width = self.widths.get(message.kind)
+        if width is not None and trailing[:1] != (width,):
+            raise PeerViolation(sender, f"{where} (step {message.step}) has {trailing[0] if trailing else 'no'} "
+                                f"columns in {name!r}; the run's {message.kind} width is {width}")
+        first = self._shapes.setdefault((sender, message.kind, name), trailing)
+        if trailing != first:
+            raise PeerViolation(sender, f"{where} (step {message.step}) has rows of shape {list(trailing)} in "
+                                f"{name!r}; its earlier ones had {list(first)}")
