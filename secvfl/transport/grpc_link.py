@@ -70,7 +70,7 @@ from pathlib import Path
 from secvfl.errors import ConfigError, MessageError, ProtocolError, SecvflError
 from secvfl.messages import KINDS, register_kind
 from secvfl.transport.base import CommStats, PeerViolation, Transport, peer_text
-from secvfl.transport.inbox import Inbox, ReceiveLimits
+from secvfl.transport.inbox import ENTRY_COST, Inbox, ReceiveLimits
 
 __all__ = ["GrpcTransport", "PeerAddress", "TlsFiles", "PartyLost", "PeerViolation", "ReceiveLimits", "CHUNK_BYTES",
            "ERROR_KIND"]
@@ -159,7 +159,7 @@ def _parse(frame: bytes | memoryview) -> tuple[int, str, int, int, int, memoryvi
     try:
         label = bytes(view[_FRAME.size:end]).decode()
     except UnicodeDecodeError:
-        raise MessageError(f"a frame's kind is not UTF-8 text: {peer_text(bytes(view[_FRAME.size:end]), 40)}"
+        raise MessageError(f"a frame's kind is not UTF-8 text (bytes {bytes(view[_FRAME.size:end])[:32].hex()})"
                            ) from None
     return ftype, label, seq, index, count, view[end:]
 
@@ -639,29 +639,35 @@ class GrpcTransport(Transport):
         return b""
 
     async def _read(self, peer: PeerAddress, incoming, context) -> bytes:
-        """(On the loop.) Deliver what ``peer``'s stream carries, reading a gRPC message only when the peer's buffer
-        has room (otherwise HTTP/2 flow control holds the sender)."""
+        """(On the loop.) Deliver what ``peer``'s stream carries while the peer's buffer has room; without room,
+        what was read waits here and nothing more is read (HTTP/2 flow control then holds the sender)."""
         name = peer.name
         self._seen(name)
         assembly = _Assembly()
+        waiting: deque[tuple] = deque()  # frames read and not yet delivered (at most one gRPC message's)
         ended = False
         try:
             while True:
-                await self._wait_for_room(name)
-                try:
-                    frame = await incoming.__anext__()
-                except StopAsyncIteration:
-                    break
-                self._seen(name)
-                with self._wire_lock:
-                    self.wire_stats.count(name, self.local.name, "received", len(frame))
-                try:
-                    parsed = _parse(frame)
-                    ftype, _kind, _seq, _index, count, payload = parsed
-                    inner = [_parse(f) for f in _unbatch(payload, count)] if ftype == _BATCH else [parsed]
-                except MessageError as exc:
-                    raise _Refused(f"it sent a malformed frame ({exc})") from None
-                ended = self._deliver(name, inner, assembly)
+                if waiting:
+                    await self._wait_for_room(name)
+                else:
+                    try:
+                        frame = await incoming.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    self._seen(name)
+                    with self._wire_lock:
+                        self.wire_stats.count(name, self.local.name, "received", len(frame))
+                    try:
+                        parsed = _parse(frame)
+                        ftype, _kind, _seq, _index, count, payload = parsed
+                        if ftype == _BATCH:
+                            waiting.extend(_parse(f) for f in _unbatch(payload, count))
+                        else:
+                            waiting.append(parsed)
+                    except MessageError as exc:
+                        raise _Refused(f"it sent a malformed frame ({exc})") from None
+                ended = self._deliver(name, waiting, assembly)
                 if ended:
                     break
         except asyncio.CancelledError:  # the server is stopping (or the peer's call was cancelled)
@@ -716,17 +722,26 @@ class GrpcTransport(Transport):
         room = self._paused.get(peer)
         if room is not None and (peer in self._violated or self._has_room(peer)):
             del self._paused[peer]
+            self._last_seen[peer] = time.monotonic()  # its stream was not read while paused: not a silence
             self._loop.soon(room.set)
 
-    def _deliver(self, sender: str, frames: list[tuple], assembly: _Assembly) -> bool:
+    def _deliver(self, sender: str, frames: deque[tuple], assembly: _Assembly) -> bool:
         """(On the loop.) Put the messages that ``frames`` complete in the inbox (chunks are gathered in
-        ``assembly`` until their message is whole) and wake the party's thread once; returns whether the peer said
-        goodbye. A frame that breaks the rules raises _Refused."""
+        ``assembly`` until their message is whole) and wake the party's thread once, taking frames off ``frames``
+        while the sender's buffer has room; returns whether the peer said goodbye. A frame that breaks the rules
+        raises _Refused."""
         arrived: list[tuple[str, bytes]] = []
         failure = None
         ended = False
         limits = self.limits
-        for ftype, kind, seq, index, count, payload in frames:
+        # room left in the sender's buffer (the party's thread only ever makes more: read without the lock)
+        room_messages = limits.max_buffered_messages - self._inbox.messages.get(sender, 0)
+        room_bytes = limits.max_buffered_bytes - self._inbox.bytes.get(sender, 0) - assembly.nbytes
+        while frames:
+            ftype, kind, seq, index, count, payload = frames[0]
+            if ftype == _DATA and index == 0 and (room_messages <= 0 or room_bytes <= 0):
+                break  # no room for another message: the rest waits (see _read)
+            frames.popleft()
             if ftype == _HEARTBEAT:
                 continue
             if ftype == _GOODBYE:
@@ -739,30 +754,33 @@ class GrpcTransport(Transport):
                 raise _Refused(f"it sent a chunk of {size} bytes (chunks are at most {CHUNK_BYTES})")
             if index == 0:
                 if assembly.parts:
-                    raise _Refused(f"it started a {peer_text(kind, 64)} message inside another one")
+                    raise _Refused(f"it started one {peer_text(kind, 64)} message inside another")
                 if kind not in KINDS:
                     raise _Refused(f"it sent a message of an unknown kind {peer_text(kind, 64)!r}")
                 if (count - 1) * CHUNK_BYTES >= limits.max_message_bytes:
-                    raise _Refused(f"it declared a {kind} message of {count} chunks (over {(count - 1) * CHUNK_BYTES} "
+                    raise _Refused(f"it declared {count} chunks for one {kind} message (over {(count - 1) * CHUNK_BYTES} "
                                    f"bytes; limit {limits.max_message_bytes} bytes: max_message_mib)")
                 assembly.kind, assembly.seq, assembly.count = kind, seq, count
             elif (index != len(assembly.parts) or kind != assembly.kind or seq != assembly.seq
                   or count != assembly.count):
-                raise _Refused(f"chunk {index} of a {peer_text(kind, 64)} message came out of order")
+                raise _Refused(f"chunk {index} of one {peer_text(kind, 64)} message came out of order")
             if index + 1 < count and size != CHUNK_BYTES:
-                raise _Refused(f"chunk {index} of {count} of a {kind} message has {size} bytes, not {CHUNK_BYTES}")
+                raise _Refused(f"chunk {index} of {count} of one {kind} message has {size} bytes, not {CHUNK_BYTES}")
             if index + 1 == count and count > 1 and size == 0:
-                raise _Refused(f"the last chunk of a {kind} message is empty")
+                raise _Refused(f"the last chunk of one {kind} message is empty")
             assembly.parts.append(payload)
             assembly.nbytes += size
+            room_bytes -= size
             if assembly.nbytes > limits.max_message_bytes:
-                raise _Refused(f"it sent a {kind} message over {limits.max_message_bytes} bytes (max_message_mib)")
+                raise _Refused(f"it sent one {kind} message over {limits.max_message_bytes} bytes (max_message_mib)")
             if index + 1 < count:
                 self._assembling[sender] = assembly.nbytes
                 continue
             data = assembly.parts[0].tobytes() if count == 1 else b"".join(assembly.parts)
             assembly.parts, assembly.nbytes = [], 0
             self._assembling[sender] = 0
+            room_messages -= 1
+            room_bytes -= ENTRY_COST
             if kind == ERROR_KIND:
                 if len(data) > _MAX_ERROR_BYTES:
                     raise _Refused(f"it reported an error of {len(data)} bytes (at most {_MAX_ERROR_BYTES})")

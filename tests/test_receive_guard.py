@@ -1,0 +1,127 @@
+"""Every received algorithm message is checked before any party code uses it (secvfl.transport.guard).
+
+A feature party that misbehaves (party1 here; a transport double rewrites what it sends, in one process on CPU)
+sends non-finite values, a wrong shape or dtype, a step out of turn, an old message again, or a message twice. The
+run must stop with one line naming party1 and what was wrong, before the values reach the label party's loss: the
+reference is the message itself (which party, which step, which shape), not a recomputation.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+
+from secvfl.config import TrainConfig
+from secvfl.errors import TrainingDiverged
+from secvfl.messages import Message, decode, encode
+from secvfl.runner import run_training
+from secvfl.transport.base import PeerViolation
+from secvfl.transport.inprocess import InProcessTransport
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _overflowing_header(message: Message) -> bytes:
+    """A 161-byte message from the same sender whose tensor sizes overflow (an empty tensor of 2^31-1 columns...)."""
+    head = json.dumps({"kind": "embedding", "sender": message.sender, "receiver": message.receiver,
+                       "step": message.step, "meta": {}, "tensors": [["embedding", "float32",
+                                                                       [0, 2**31 - 1, 2**31 - 1, 2**31 - 1, 2**31 - 1]]],
+                       "blobs": []}, separators=(",", ":")).encode()
+    return struct.pack("<4sBI", b"SVFL", 1, len(head)) + head
+
+
+def _nan(m: Message) -> Message:
+    t = m.tensor("embedding").clone()
+    t[0, 0], t[1, 1] = float("nan"), float("inf")
+    return m.replace(tensors={"embedding": t})
+
+
+TAMPER = {  # row of the table -> how party1's third embedding is rewritten (None: drop it)
+    "nan-inf": _nan,
+    "extra-column": lambda m: m.replace(tensors={"embedding": torch.cat([m.tensor("embedding"),
+                                                                          torch.zeros(len(m.tensor("embedding")), 1)], 1)}),
+    "one-row-short": lambda m: m.replace(tensors={"embedding": m.tensor("embedding")[:-1]}),
+    "int64": lambda m: m.replace(tensors={"embedding": m.tensor("embedding").to(torch.int64)}),
+    "step-plus-1000": lambda m: m.replace(step=m.step + 1000),
+}
+EXPECTED = {
+    "nan-inf": "its embedding message to label .*holds 2 non-finite values",
+    "extra-column": "has 9 columns in 'embedding'; the run's embedding width is 8",
+    "one-row-short": "has 31 rows in 'embedding'; the batch has 32",
+    "int64": "carries 'embedding' as torch.int64, not a floating-point tensor",
+    "step-plus-1000": "is for step 1002, but label is at step 2 \\(a message from the future",
+    "overflowing-header": "sent label bytes that are not a message .*dimensions whose product overflows",
+    "replay": "is for step 0, but label is at step 2 \\(an old or replayed message",
+    "duplicate": "is for step 2, but label is at step 3 \\(an old or replayed message, or one sent twice",
+}
+
+
+class MisbehavingParty1(InProcessTransport):
+    """What party1 sends to the label party, rewritten at its third embedding (step 2) as ``row`` says."""
+
+    def __init__(self, row: str) -> None:
+        super().__init__()
+        self.row = row
+        self.first: bytes | None = None
+
+    def put(self, sender: str, receiver: str, kind: str, data: bytes) -> None:
+        if sender != "party1" or kind != "embedding":
+            return super().put(sender, receiver, kind, data)
+        message = decode(data)
+        if self.first is None:
+            self.first = data
+        if message.step != 2:
+            return super().put(sender, receiver, kind, data)
+        if self.row == "overflowing-header":
+            data = _overflowing_header(message)
+        elif self.row == "replay":  # the step-0 embedding (same shape) instead of this one
+            data = self.first
+        elif self.row == "duplicate":
+            super().put(sender, receiver, kind, data)
+        else:
+            data = encode(TAMPER[self.row](message))
+        return super().put(sender, receiver, kind, data)
+
+
+def _run(row: str, tmp_path) -> None:  # noqa: ANN001
+    cfg = TrainConfig(algo="splitnn", dataset="breast_cancer", parties=2, epochs=1, batch_size=32, embedding_dim=8,
+                      hidden=(8,), head_hidden=(), seed=0, threads=1, device="cpu")
+
+    def build(cfg: TrainConfig):  # noqa: ANN202
+        from secvfl.runner import build_run
+
+        run = build_run(cfg)
+        run.net.transport = MisbehavingParty1(row)
+        return run
+
+    run_training(cfg, None, progress=False, log=lambda _: None, build=build)
+
+
+@pytest.mark.parametrize("row", list(EXPECTED))
+def test_a_misbehaving_party_s_message_stops_the_run_naming_it(row: str, tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(PeerViolation, match=f"^party party1 broke the protocol: .*{EXPECTED[row]}") as err:
+        _run(row, tmp_path)
+    assert "\n" not in str(err.value) and err.value.party == "party1"
+
+
+def test_a_nan_that_arrived_is_never_blamed_on_the_step_size(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(PeerViolation) as err:
+        _run("nan-inf", tmp_path)
+    assert not isinstance(err.value, TrainingDiverged) and "--lr" not in str(err.value)
+
+
+def test_an_honest_run_passes_the_guard_and_counts_what_it_received() -> None:
+    from secvfl.runner import build_run
+
+    cfg = TrainConfig(algo="splitnn", dataset="breast_cancer", parties=2, epochs=1, batch_size=32, embedding_dim=8,
+                      hidden=(8,), head_hidden=(), seed=0, threads=1, device="cpu")
+    built = []
+    summary = run_training(cfg, None, progress=False, log=lambda _: None, on_build=built.append)
+    received = built[0].net.received.to_dict()
+    # every message sent was received, each counted once at each end (sender: transport; receiver: network)
+    assert received["bytes_by_link"] == summary["comm"]["bytes_by_link"]
+    assert received["messages_by_kind"] == summary["comm"]["messages_by_kind"]
+    assert built[0].net.guard.widths == {"embedding": 8}
