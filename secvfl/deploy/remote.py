@@ -42,16 +42,16 @@ from secvfl.deploy.calls import CALL_KIND, RESULT_KIND, call_message, read_call,
 from secvfl.errors import ConfigError, MessageError, SecvflError
 from secvfl.handles import LocalHandle, PartyHandle
 from secvfl.io import torch_bytes, torch_load, write_bytes_atomic
-from secvfl.messages import decode, encode, register_kind
+from secvfl.messages import decode, encode
 from secvfl.transport.base import CommStats, PeerViolation, peer_text
-from secvfl.transport.grpc_link import ERROR_KIND, GrpcTransport, PartyLost
+from secvfl.transport.grpc_link import ERROR_KIND, GrpcTransport, PartyLost, transport_kind
 
 __all__ = ["PartyLink", "RemoteHandle", "PartyServer", "FederatedStats", "swap_remote_handles", "STOP", "HELLO",
            "BARRIER", "CPU", "LEAVE_AT_ENV"]
 
 STOP, HELLO, START_EPOCH, STATS, SAVE, LOAD, BARRIER, CPU = "__stop__", "__hello__", "__start_epoch__", \
     "__stats__", "__save__", "__load__", "__barrier__", "__cpu__"
-BARRIER_KIND = register_kind("party-barrier")  # control: nothing a party sent to another before it is still on the way
+BARRIER_KIND = transport_kind("party-barrier")  # control: nothing a party sent to another before it is still on the way
 _KEEP_STATES = 3  # state files a party keeps (the coordinator keeps its two latest checkpoints)
 _PEER_LOST = "__party_lost__"  # an answer: the request failed because another party (named) is gone, a claim
 # the coordinator believes only when its own link to that party says so

@@ -68,12 +68,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from secvfl.errors import ConfigError, MessageError, ProtocolError, SecvflError
-from secvfl.messages import KINDS, register_kind
+from secvfl.messages import KINDS
 from secvfl.transport.base import CommStats, PeerViolation, Transport, peer_text
 from secvfl.transport.inbox import ENTRY_COST, Inbox, ReceiveLimits
 
 __all__ = ["GrpcTransport", "PeerAddress", "TlsFiles", "PartyLost", "PeerViolation", "ReceiveLimits", "CHUNK_BYTES",
-           "ERROR_KIND"]
+           "ERROR_KIND", "transport_kind"]
 
 CHUNK_BYTES = 1 << 20  # well under gRPC's default 4 MiB message limit
 _VERSION = 2  # 2: the server proves its certificate in its hello answer
@@ -82,8 +82,19 @@ _LENGTH = struct.Struct(">I")  # each frame inside a batch frame is preceded by 
 _FRAME = struct.Struct(">BBHQII")  # version, frame type, kind length, message sequence, chunk index, chunk count
 _SERVICE = "secvfl.Link"
 _QUEUE_FRAMES = 64  # gRPC messages waiting per outgoing stream before put() waits for gRPC to take them
+# What a party accepts besides messages of a registered kind (secvfl.messages.KINDS): plain signals of the
+# deployment, which carry no message (transport_kind adds one).
+_SIGNAL_KINDS: set[str] = set()
+
+
+def transport_kind(kind: str) -> str:
+    """Declare a kind whose frames carry raw bytes, not a message (a deployment's signals)."""
+    _SIGNAL_KINDS.add(kind)
+    return kind
+
+
 # A party that fails sends this (UTF-8 text) before it stops: every party waiting on the run stops with it.
-ERROR_KIND = register_kind("party-error")
+ERROR_KIND = transport_kind("party-error")
 _MAX_ERROR_BYTES = 64 << 10  # a party's own error text: more is refused
 _NONCE_BYTES = 32
 _HELLO_STATEMENT = b"secvfl hello v2\x00"  # what a server signs: this, the client's nonce, the client certificate's
@@ -755,7 +766,7 @@ class GrpcTransport(Transport):
             if index == 0:
                 if assembly.parts:
                     raise _Refused(f"it started one {peer_text(kind, 64)} message inside another")
-                if kind not in KINDS:
+                if kind not in KINDS and kind not in _SIGNAL_KINDS:
                     raise _Refused(f"it sent a message of an unknown kind {peer_text(kind, 64)!r}")
                 if (count - 1) * CHUNK_BYTES >= limits.max_message_bytes:
                     raise _Refused(f"it declared {count} chunks for one {kind} message (over {(count - 1) * CHUNK_BYTES} "
@@ -846,8 +857,11 @@ class GrpcTransport(Transport):
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise ProtocolError(f"party {peer.name} at {peer.address} refused {self.local.name}: {details}"
                                         ) from None
-                if any(w in details.lower() for w in ("ssl", "handshake", "certificate", "tls", "verification",
-                                                       "unauthenticated")):
+                # (a handshake the server cut short is not a refusal: it drops connections over its cap, and
+                # unauthenticated ones after its handshake timeout; retried until the timeout like a server not up)
+                dropped = "socket closed" in details.lower() or "connection reset" in details.lower()
+                if not dropped and any(w in details.lower() for w in ("ssl", "handshake", "certificate", "tls",
+                                                                      "verification", "unauthenticated")):
                     raise ProtocolError(f"TLS with party {peer.name} at {peer.address} failed: {details.strip()}; "
                                         "both certificates must come from the federation's CA (`secvfl certs`) "
                                         f"and its certificate must name {peer.cert_name!r}") from None
