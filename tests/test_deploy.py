@@ -78,7 +78,7 @@ def test_messages_of_any_size_cross_in_order_and_are_counted_once(tmp_path: Path
         t0 = time.monotonic()
         assert label.take("label", sender="party0", timeout=5) == b"y"  # the sender never waited nor flushed
         assert time.monotonic() - t0 < 2.0 + 1.0
-        for i, data in enumerate(sent):
+        for data in sent:
             party.put("party0", "label", "embedding", data)
         party.flush()
         got = [label.take("label", sender="party0") for _ in sizes]

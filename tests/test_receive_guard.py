@@ -114,7 +114,6 @@ def test_a_nan_that_arrived_is_never_blamed_on_the_step_size(tmp_path) -> None: 
 
 
 def test_an_honest_run_passes_the_guard_and_counts_what_it_received() -> None:
-    from secvfl.runner import build_run
 
     cfg = TrainConfig(algo="splitnn", dataset="breast_cancer", parties=2, epochs=1, batch_size=32, embedding_dim=8,
                       hidden=(8,), head_hidden=(), seed=0, threads=1, device="cpu")
