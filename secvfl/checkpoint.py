@@ -10,6 +10,11 @@ Layout of ``RUN/checkpoints/``::
                      run.json          epoch, step, metrics history, wall time, the SHA-256 of every file above,
                                        and a checksum of its own content
 
+The digests and the checksum detect corruption (a damaged disk, a truncated copy, an edited byte), not tampering:
+they are unkeyed, so whoever can write the run directory can rewrite a file and its digests alike. A checkpoint is
+as trustworthy as the directory it is read from (a party's own state files likewise, whose digests the coordinator's
+checkpoint records).
+
 A checkpoint is written into a hidden staging directory that is renamed to ``epoch-NNNN`` once every file is on
 disk; only then does ``latest.json`` name it. A crash at any point therefore leaves ``latest.json`` naming a
 complete directory. The previous checkpoint is kept beside the latest (older ones are deleted), so a latest that
@@ -98,7 +103,8 @@ def _set_global_rng_state(state: dict[str, Any]) -> None:
 
 
 def _checksum(meta: dict[str, Any]) -> str:
-    """SHA-256 of run.json's content (without this field), so that a damaged run.json is detected too."""
+    """SHA-256 of run.json's content (without this field), so that a damaged run.json is detected too (not a
+    tampered one: the digest is unkeyed, see the module docstring)."""
     return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
 
 

@@ -45,6 +45,8 @@ Threat model of the certificates (``secvfl certs``, and the mutual TLS the gRPC 
   accepts a peer only with a certificate that chains to the federation's CA, is within its validity dates, allows
   both TLS server and client use, and names the party the federation file says is at the other end
   (:func:`verify_peer_certificate`); a certificate from another CA, an expired one, or another party's is refused.
+  Both ends apply this check: a server to the certificate its client presents in TLS, a client to the one its
+  server proves it holds (secvfl.transport.grpc_link). A party's TLS key must be readable by its owner only.
   An eavesdropper on the network learns neither the messages nor which model state they carry.
 - What they do not give: TLS does not hide message sizes or timing (batch sizes, embedding widths, who talks when
   are visible to anyone on the path), and it protects links, not what an authenticated party does with what it
