@@ -680,6 +680,21 @@ CASES: list[Case] = [
     Case(("party", "--federation", "{tmp}/f.toml", "--name", "bank", "--out", "{tmp}/b", "--parties", "3"),
          "--parties 3, but federation 'demo' has 1 feature party; set --parties 1", setup=_write("f.toml", _FED_SIM),
          id="party-parties-differ-from-federation"),
+    # -- area: receive limits and keys of a deployment --
+    Case(("certs", "--federation", "{tmp}/f.toml"), "[limits] buffered_messages: 1.5: give messages a peer may have "
+         "received and not yet taken as a positive whole number",
+         setup=_write("f.toml", _FED_SIM + "\n[limits]\nbuffered_messages = 1.5\n"), id="federation-limit-not-whole"),
+    Case(("certs", "--federation", "{tmp}/f.toml"), "[limits]: unknown key 'max_mesage_mib'; did you mean "
+         "'max_message_mib'?", setup=_write("f.toml", _FED_SIM + "\n[limits]\nmax_mesage_mib = 8\n"),
+         id="federation-limit-typo"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s"),
+         "the receive buffer per peer (10 MiB) must hold at least two of the largest messages (64 MiB each)",
+         setup=_write("f.toml", _FED_SIM + "\n[limits]\nmax_message_mib = 64\nbuffer_mib = 10\n"),
+         id="party-limits-buffer-below-two-messages"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s"),
+         "is accessible by group or others (mode 0644); run `chmod 600",
+         setup=_all(_write("f.toml", _FED_SIM), _certs("f.toml"), lambda tmp: (tmp / "certs" / "shop.key").chmod(0o644)),
+         id="party-tls-key-readable-by-others"),
 ]
 
 
