@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import struct
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from secvfl.config import TrainConfig
 from secvfl.errors import TrainingDiverged
@@ -124,3 +127,18 @@ def test_an_honest_run_passes_the_guard_and_counts_what_it_received() -> None:
     assert received["bytes_by_link"] == summary["comm"]["bytes_by_link"]
     assert received["messages_by_kind"] == summary["comm"]["messages_by_kind"]
     assert built[0].net.guard.widths == {"embedding": 8}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]),
+       st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=1, max_size=40),
+       st.booleans())
+def test_the_finiteness_check_agrees_with_numpy(dtype: torch.dtype, values: list[float], extreme: bool) -> None:
+    from secvfl.transport.guard import _finite
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if extreme:  # finite values whose sum overflows the dtype
+        t = torch.where(torch.isfinite(t), torch.full_like(t, torch.finfo(dtype).max), t)
+    t = t.to(dtype)  # (values beyond the dtype's range become infinite here, as on the wire)
+    reference = bool(np.isfinite(t.to(torch.float64).numpy()).all())
+    assert _finite(t) is reference

@@ -249,7 +249,9 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
             held["net"].start_epoch(epoch)
             return None
         if method == STATS:  # what it sent and what it received (the coordinator checks one against the other)
-            return {"sent": held["net"].stats.state_dict(), "received": held["net"].received.state_dict()}
+            net = held["net"]
+            return {"sent": net.stats.state_dict(),
+                    "received": net.received.state_dict() if net.received_complete else None}
         if method == SAVE:
             state = server.handle.state_dict() if server.handle is not None else {}
             return save_party_state(state_dir, me, {"party": state, "network": held["net"].state_dict(),
@@ -358,7 +360,8 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         transport.waited_seconds = 0.0  # from here on: the run's own waits, not the parties' start-up
         cpu_since = time.process_time()
         transport.stats = FederatedStats(
-            lambda: {p: link.call(p, STATS) for p in remote + helpers if p not in departed}, run.net.received,
+            lambda: {p: link.call(p, STATS) for p in remote + helpers if p not in departed},
+            lambda: run.net.received if run.net.received_complete else None,
             me if me in run.net.topology.roles else None, departed)
         transport.set_limits(run_limits(federation, run))
         if hasattr(run.algorithm, "depart"):  # any observed set of parties predicts (LASER-VFL and its baselines)

@@ -310,29 +310,38 @@ class FederatedStats(CommStats):
     it sent is what the receiver says it received (and likewise per message kind). The coordinator's own counts
     settle any disagreement on a link it is an end of: the other end's report is the false one; on a link between
     two other parties the error names both. ``fetch()``: party -> its answer to STATS (``{"sent": ..., "received":
-    ...}``); ``received``: what the coordinator's own process received; ``local``: the party it acts for (None: it
-    hosts none); ``departed``: parties that left (the check is then skipped: what they sent was not all taken)."""
+    ...}``); ``received()``: what the coordinator's own process received; ``local``: the party it acts for (None: it
+    hosts none); ``departed``: parties that left (the check is then skipped: what they sent was not all taken). A
+    run resumed from a checkpoint written before receivers counted (``received`` None) is not checked either.
+    """
 
-    def __init__(self, fetch: Callable[[], dict[str, Any]], received: CommStats | None = None,
+    def __init__(self, fetch: Callable[[], dict[str, Any]], received: Callable[[], CommStats | None] | None = None,
                  local: str | None = None, departed: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self._fetch = fetch
-        self._received = received or CommStats()
+        self._received = received or CommStats
         self._local = local
         self._departed = departed if departed is not None else {}
 
     def _merged(self) -> CommStats:
         total, received = CommStats(), CommStats()
-        for state, into in [(self.state_dict(), total), (self._received.state_dict(), received)]:
-            _add(into, state)
+        _add(total, self.state_dict())
+        own = self._received()
+        complete = own is not None
+        if own is not None:
+            _add(received, own.state_dict())
         for party, answer in self._fetch().items():
             if not isinstance(answer, dict) or set(answer) != {"sent", "received"}:
                 raise PeerViolation(party, "its answer to a counters request is not its sent and received counters")
-            sent, got = _read_ledger(party, answer["sent"], "sent"), _read_ledger(party, answer["received"], "received")
+            sent = _read_ledger(party, answer["sent"], "sent")
+            if answer["received"] is None:  # resumed from a checkpoint that did not count it
+                got, complete = CommStats(), False
+            else:
+                got = _read_ledger(party, answer["received"], "received")
             _own_only(party, sent, got)
             _add(total, sent.state_dict())
             _add(received, got.state_dict())
-        if not self._departed:
+        if complete and not self._departed:
             self._check(total, received)
         return total
 

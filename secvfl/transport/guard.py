@@ -24,10 +24,12 @@ its turn differ.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from secvfl.messages import Message
@@ -45,6 +47,17 @@ class Round:
     step: int | None = None
     split: str | None = None
     rows: int | None = None
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every value of the floating tensor ``t`` is finite. A sum is NaN or infinite if any value is, and
+    costs a tenth of ``torch.isfinite(t).all()``; only an infinite sum of finite values (an overflow) needs the
+    exact check."""
+    total = float(t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum())
+    if math.isfinite(total):
+        return True
+    values = t.float() if t.dtype is torch.bfloat16 else t
+    return bool(np.isfinite(values.numpy()).all())
 
 
 def request_facts(bound: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,7 +109,7 @@ class ReceiveGuard:
         """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it."""
         sender, kind = message.sender, message.kind
         for name, t in message.tensors.items():
-            if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            if t.is_floating_point() and t.numel() and not _finite(t):
                 bad = int((~torch.isfinite(t)).sum())
                 raise PeerViolation(sender, f"its {kind} message to {receiver} (step {message.step}) holds {bad} "
                                     f"non-finite value{'s' * (bad != 1)} (NaN or infinity) in {name!r}")

@@ -73,6 +73,7 @@ class Network:
         # What this process's parties received, by sender and kind, counted at the receiver (a deployed run checks
         # it against what each sender says it sent: secvfl.deploy.remote.FederatedStats).
         self.received = CommStats()
+        self.received_complete = True  # False after loading a checkpoint written before receivers counted
         self._views: dict[str, View] = {}
         # Inputs parties submitted to the aggregation, per (receiver, kind), until the receiver aggregates them.
         self._submitted: dict[tuple[str, str], list[Message]] = {}
@@ -238,7 +239,8 @@ class Network:
 
     def load_state_dict(self, state: dict) -> None:
         self.stats.load_state_dict(state["stats"])
-        self.received.load_state_dict(state.get("received", {}))  # (checkpoints from before it was counted: none)
+        self.received.load_state_dict(state.get("received", {}))
+        self.received_complete = "received" in state  # (a checkpoint from before receivers counted: incomplete)
         for layer, s in zip(self.layers, state["layers"], strict=True):
             layer.load_state_dict(s)
         self.aggregation.load_state_dict(state.get("aggregation", {}))
