@@ -141,6 +141,7 @@ def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = Non
     torch.manual_seed(cfg.seed)
     algorithm = algo_cls(ctx, net)
     net.guard.declare_widths(algorithm.message_widths())
+    net.guard.step_size = algorithm.step_size()
     for s in setups:
         for hook in s.attach:
             hook(algorithm)

@@ -262,7 +262,9 @@ CASES: list[Case] = [
     Case((*_TRAIN, "--out", "{tmp}/run"), "run already holds a run; use --resume",
          setup=_trained("splitnn"), id="out-holds-a-run"),
     Case((*_TRAIN, "--from-epoch", "1"), "--from-epoch applies only with --resume", id="from-epoch-without-resume"),
-    Case((*_TRAIN, "--lr", "1e30", "--out", "{tmp}/r"), "the loss became nan at epoch 1, batch 2",
+    Case((*_TRAIN, "--lr", "1e30", "--out", "{tmp}/r"),  # a party's own diverged output: named before it is sent
+         "party0's embedding became non-finite at step 1 (its own computation). The step size is probably too large "
+         "(--lr 1e+30)",
          id="lr-too-large-stops-at-nan-loss"),
     Case(("train", "--resume", "{tmp}"), "not a run directory (no config.toml)", id="resume-not-a-run"),
     Case(("train", "--resume", "{tmp}/run"), "no checkpoint yet (the run stopped before finishing its first epoch)",

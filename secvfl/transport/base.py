@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from secvfl.errors import ProtocolError, UnsupportedError
+from secvfl.errors import MessageError, ProtocolError, UnsupportedError
 
 __all__ = ["Transport", "CommStats", "PeerViolation", "peer_text"]
 
@@ -26,10 +26,10 @@ def peer_text(text: str | bytes, limit: int = _SHOWN_CHARS) -> str:
     return shown + (f"... ({len(text) - limit} more characters)" if len(text) > limit else "")
 
 
-class PeerViolation(ProtocolError):
+class PeerViolation(ProtocolError, MessageError):
     """A peer sent what the protocol does not allow (too much, malformed, out of turn, non-finite values, a claim
     about another party): the run stops, naming that peer. Not a lost party: restarting the run does not help
-    while that party's process misbehaves."""
+    while that party's process misbehaves. (A MessageError too: code that refuses malformed messages catches it.)"""
 
     def __init__(self, party: str, problem: str) -> None:
         super().__init__(f"party {peer_text(party, 64)} broke the protocol: {problem}; the run stops (fix that "

@@ -13,7 +13,8 @@ declare nothing per message and grow no branch: the guard knows
   stream (sender, kind, tensor) carried first: its dtype and trailing shape stay the same for the whole run.
 
 Refused, naming the sender (:class:`~secvfl.transport.base.PeerViolation`): non-finite values in any floating
-tensor (a NaN that arrived never reaches a loss, so no run blames ``--lr`` for a peer's NaN); integer tensors where
+tensor (a NaN that arrived never reaches a loss, so no run blames ``--lr`` for a peer's NaN; an honest party whose
+own model diverged stops before it sends one, naming its step size: :meth:`ReceiveGuard.check_sent`); integer tensors where
 an algorithm sends floats; a step other than the round's (stale, replayed, duplicated or future messages: an
 algorithm numbers every training batch, so an extra or old message is out of turn), or older than the stream's
 last; rows other than the round's (forward outputs and gradients have one row per batch row); a width other than
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from secvfl.errors import TrainingDiverged
 from secvfl.messages import Message
 from secvfl.transport.base import PeerViolation
 
@@ -85,6 +87,7 @@ class ReceiveGuard:
         self.backward = frozenset(backward_kinds)
         self.round = Round()
         self.widths: dict[str, int] = {}
+        self.step_size: tuple[str, float] | None = None  # the algorithm's step-size flag and value
         self._dtypes: dict[tuple[str, str, str], torch.dtype] = {}
         self._shapes: dict[tuple[str, str, str], tuple[int, ...]] = {}
         self._steps: dict[tuple[str, str, str], int] = {}
@@ -104,6 +107,19 @@ class ReceiveGuard:
     def declare_widths(self, widths: Mapping[str, int]) -> None:
         """Columns of each forward kind's tensors, as the algorithm builds them."""
         self.widths.update({k: int(v) for k, v in widths.items()})
+
+    def check_sent(self, message: Message) -> None:
+        """A party never sends non-finite values: its own model diverged (its step size or its data), which it says
+        itself, so that a non-finite value that arrives is always the sender's violation."""
+        if message.kind not in self.forward and message.kind not in self.backward:
+            return
+        for t in message.tensors.values():
+            if t.is_floating_point() and t.numel() and not _finite(t):
+                flag, value = self.step_size or ("--lr", float("nan"))
+                raise TrainingDiverged(
+                    f"training stopped: {message.sender}'s {message.kind} became non-finite at step {message.step} "
+                    f"(its own computation). The step size is probably too large ({flag} {value:g}) or the data hold "
+                    f"inf or huge values; start again with a smaller {flag} (e.g. {value / 10:g}) or check the data")
 
     def check(self, message: Message, receiver: str) -> None:
         """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it."""

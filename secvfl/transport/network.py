@@ -103,6 +103,8 @@ class Network:
         if len(messages) > 1 and any(m.sender != sender for m in messages):
             raise MessageError("send() takes the messages of one sender; call it once per sender")
         self._known(sender)
+        for m in messages:  # what the party itself computed: its own divergence is its own to report
+            self.guard.check_sent(m)
         if sender in self._views:
             self._views[sender].sent.extend(messages)
         out = list(messages)
