@@ -148,9 +148,9 @@ class ReceiveGuard:
     def _check_step(self, message: Message, receiver: str, where: str) -> None:
         step, expected = message.step, self.round.step
         if expected is not None and step != expected:
-            what = "an old or replayed message" if step < expected else "a message from the future"
+            what = "an old or replayed message, or one sent twice" if step < expected else "a message from the future"
             raise PeerViolation(message.sender, f"{where} is for step {step}, but {receiver} is at step {expected} "
-                                f"({what}, or one sent twice)")
+                                f"({what})")
         stream = (message.sender, receiver, message.kind)
         last = self._steps.get(stream)
         if last is not None and step < last:
