@@ -58,8 +58,10 @@ def _finite(t: torch.Tensor) -> bool:
     total = float(t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum())
     if math.isfinite(total):
         return True
+    if t.device.type != "cpu":  # (a party's own output on its accelerator, before it is encoded)
+        return bool(torch.isfinite(t).all())
     values = t.float() if t.dtype is torch.bfloat16 else t
-    return bool(np.isfinite(values.numpy()).all())
+    return bool(np.isfinite(values.detach().numpy()).all())
 
 
 def request_facts(bound: Mapping[str, Any]) -> dict[str, Any]:
@@ -80,16 +82,19 @@ def request_facts(bound: Mapping[str, Any]) -> dict[str, Any]:
 
 class ReceiveGuard:
     """Checks each message a party of this process receives against the round, the algorithm's traits and what
-    the stream carried before (see the module docstring)."""
+    the stream carried before (see the module docstring). Every received message passes here: the common path
+    builds no text and looks each fact up once."""
 
     def __init__(self, forward_kinds: Sequence[str] = (), backward_kinds: Sequence[str] = ()) -> None:
         self.forward = frozenset(forward_kinds)
         self.backward = frozenset(backward_kinds)
+        self._kinds = self.forward | self.backward
+        self._row_kinds = self.forward | ({"gradient"} & self.backward)  # one row per batch row
         self.round = Round()
         self.widths: dict[str, int] = {}
         self.step_size: tuple[str, float] | None = None  # the algorithm's step-size flag and value
-        self._dtypes: dict[tuple[str, str, str], torch.dtype] = {}
-        self._shapes: dict[tuple[str, str, str], tuple[int, ...]] = {}
+        # (sender, kind, tensor) -> (dtype, trailing shape or None) of the stream's first message
+        self._streams: dict[tuple[str, str, str], tuple[torch.dtype, tuple[int, ...] | None]] = {}
         self._steps: dict[tuple[str, str, str], int] = {}
 
     def begin(self, facts: Mapping[str, Any]) -> None:
@@ -111,7 +116,7 @@ class ReceiveGuard:
     def check_sent(self, message: Message) -> None:
         """A party never sends non-finite values: its own model diverged (its step size or its data), which it says
         itself, so that a non-finite value that arrives is always the sender's violation."""
-        if message.kind not in self.forward and message.kind not in self.backward:
+        if message.kind not in self._kinds:
             return
         for t in message.tensors.values():
             if t.is_floating_point() and t.numel() and not _finite(t):
@@ -123,56 +128,66 @@ class ReceiveGuard:
 
     def check(self, message: Message, receiver: str) -> None:
         """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it."""
-        sender, kind = message.sender, message.kind
-        for name, t in message.tensors.items():
-            if t.is_floating_point() and t.numel() and not _finite(t):
-                bad = int((~torch.isfinite(t)).sum())
-                raise PeerViolation(sender, f"its {kind} message to {receiver} (step {message.step}) holds {bad} "
-                                    f"non-finite value{'s' * (bad != 1)} (NaN or infinity) in {name!r}")
-        if kind not in self.forward and kind not in self.backward:
+        kind, tensors = message.kind, message.tensors
+        if kind not in self._kinds:  # a protocol's own message: its values must be finite, the rest is its business
+            for name, t in tensors.items():
+                if t.is_floating_point() and t.numel() and not _finite(t):
+                    self._refuse_nonfinite(message, receiver, name, t)
             return
-        where = f"its {kind} message to {receiver}"
-        self._check_step(message, receiver, where)
-        for name, t in message.tensors.items():
-            key = (sender, kind, name)
-            if kind not in _INTEGER_KINDS and not t.is_floating_point():
-                raise PeerViolation(sender, f"{where} (step {message.step}) carries {name!r} as {t.dtype}, not a "
-                                    "floating-point tensor")
-            first = self._dtypes.setdefault(key, t.dtype)
-            if t.dtype != first:
-                raise PeerViolation(sender, f"{where} (step {message.step}) carries {name!r} as {t.dtype}; its "
-                                    f"earlier ones were {first}")
-            if kind in self.forward or kind == "gradient":
-                self._check_rows(message, name, t, where)
+        sender, step = message.sender, message.step
+        expected = self.round.step
+        stream = (sender, receiver, kind)
+        last = self._steps.get(stream)
+        if (expected is not None and step != expected) or (last is not None and step < last):
+            self._refuse_step(message, receiver, expected, last)
+        self._steps[stream] = step
+        per_row = kind in self._row_kinds
+        width = self.widths.get(kind)
+        for name, t in tensors.items():
+            floating = t.is_floating_point()
+            if floating:
+                if t.numel() and not _finite(t):
+                    self._refuse_nonfinite(message, receiver, name, t)
+            elif kind not in _INTEGER_KINDS:
+                self._refuse(message, receiver, f"carries {name!r} as {t.dtype}, not a floating-point tensor")
+            trailing = None
+            if per_row:
+                shape = t.shape
+                if not shape:
+                    self._refuse(message, receiver, f"carries {name!r} as a scalar, not one row per batch row")
+                rows = self.round.rows
+                if rows is not None and shape[0] != rows:
+                    self._refuse(message, receiver, f"has {shape[0]} rows in {name!r}; the batch has {rows}")
+                trailing = shape[1:]
+                if width is not None and (not trailing or trailing[0] != width):
+                    self._refuse(message, receiver, f"has {trailing[0] if trailing else 'no'} columns in {name!r}; "
+                                 f"the run's {kind} width is {width}")
+            first = self._streams.get((sender, kind, name))
+            if first is None:
+                self._streams[sender, kind, name] = (t.dtype, trailing)
+            elif t.dtype is not first[0]:
+                self._refuse(message, receiver, f"carries {name!r} as {t.dtype}; its earlier ones were {first[0]}")
+            elif trailing != first[1]:
+                self._refuse(message, receiver, f"has rows of shape {list(trailing)} in {name!r}; its earlier ones "
+                             f"had {list(first[1])}")
 
-    def _check_step(self, message: Message, receiver: str, where: str) -> None:
-        step, expected = message.step, self.round.step
+    # -- the refusals (built only when one happens) ---------------------------------------------------------------
+    @staticmethod
+    def _refuse(message: Message, receiver: str, problem: str) -> None:
+        raise PeerViolation(message.sender, f"its {message.kind} message to {receiver} (step {message.step}) {problem}")
+
+    @staticmethod
+    def _refuse_nonfinite(message: Message, receiver: str, name: str, t: torch.Tensor) -> None:
+        bad = int((~torch.isfinite(t)).sum())
+        raise PeerViolation(message.sender, f"its {message.kind} message to {receiver} (step {message.step}) holds "
+                            f"{bad} non-finite value{'s' * (bad != 1)} (NaN or infinity) in {name!r}")
+
+    @staticmethod
+    def _refuse_step(message: Message, receiver: str, expected: int | None, last: int | None) -> None:
+        where, step = f"its {message.kind} message to {receiver}", message.step
         if expected is not None and step != expected:
             what = "an old or replayed message, or one sent twice" if step < expected else "a message from the future"
             raise PeerViolation(message.sender, f"{where} is for step {step}, but {receiver} is at step {expected} "
                                 f"({what})")
-        stream = (message.sender, receiver, message.kind)
-        last = self._steps.get(stream)
-        if last is not None and step < last:
-            raise PeerViolation(message.sender, f"{where} is for step {step}, after one for step {last} (an old "
-                                "or replayed message)")
-        self._steps[stream] = step
-
-    def _check_rows(self, message: Message, name: str, t: torch.Tensor, where: str) -> None:
-        sender = message.sender
-        if t.dim() == 0:
-            raise PeerViolation(sender, f"{where} (step {message.step}) carries {name!r} as a scalar, not one row "
-                                "per batch row")
-        rows = self.round.rows
-        if rows is not None and t.shape[0] != rows:
-            raise PeerViolation(sender, f"{where} (step {message.step}) has {t.shape[0]} rows in {name!r}; the "
-                                f"batch has {rows}")
-        trailing = tuple(t.shape[1:])
-        width = self.widths.get(message.kind)
-        if width is not None and trailing[:1] != (width,):
-            raise PeerViolation(sender, f"{where} (step {message.step}) has {trailing[0] if trailing else 'no'} "
-                                f"columns in {name!r}; the run's {message.kind} width is {width}")
-        first = self._shapes.setdefault((sender, message.kind, name), trailing)
-        if trailing != first:
-            raise PeerViolation(sender, f"{where} (step {message.step}) has rows of shape {list(trailing)} in "
-                                f"{name!r}; its earlier ones had {list(first)}")
+        raise PeerViolation(message.sender, f"{where} is for step {step}, after one for step {last} (an old or "
+                            "replayed message)")

@@ -13,7 +13,7 @@ from typing import Any
 
 from secvfl.errors import MessageError
 from secvfl.messages import Message, decode, encode, encoded_payload_size, mark_delivered
-from secvfl.transport.base import CommStats, PeerViolation, Transport
+from secvfl.transport.base import CommStats, PeerViolation, Transport, peer_text
 from secvfl.transport.guard import ReceiveGuard
 from secvfl.transport.inprocess import InProcessTransport
 from secvfl.transport.layers import (
@@ -129,7 +129,8 @@ class Network:
         # agree with what was asked for.
         if msg.receiver != receiver or (kind is not None and msg.kind != kind) or (sender is not None and msg.sender != sender):
             problem = (f"{receiver} asked for a {kind or 'any'} message from {sender or 'anyone'} but got a {msg.kind} "
-                       f"message from {msg.sender} to {msg.receiver}; the message was misrouted or relabelled")
+                       f"message from {peer_text(msg.sender, 64)} to {peer_text(msg.receiver, 64)}; the message was "
+                       "misrouted or relabelled")
             if sender is None:
                 raise MessageError(problem)
             raise PeerViolation(sender, problem)
