@@ -285,3 +285,31 @@ def test_idle_streams_and_idle_connections_do_not_lock_out_an_honest_party(tmp_p
     print(f"300 idle connections, 2,000 idle streams: receiver RSS +{_growth(result):.1f} MiB")
     assert result["error"] is None and result["took"] == 1, result
     assert _growth(result) < 64, _growth(result)
+
+
+def test_the_inbox_takes_in_arrival_order_by_sender_and_kind_and_counts_per_sender() -> None:
+    from secvfl.transport.inbox import ENTRY_COST, Inbox
+
+    box = Inbox()
+    arrivals = [("a", "x", b"1"), ("b", "y", b"22"), ("a", "y", b"333"), ("a", "x", b"4"), ("b", "x", b"5")]
+    for s, k, d in arrivals:
+        box.add(s, k, d)
+    assert box.total == 5 and box.messages == {"a": 3, "b": 2}
+    assert box.bytes["a"] == 5 + 3 * ENTRY_COST
+    assert box.peek() == ("a", "x") and box.holds("b", None) and not box.holds("b", "z")
+    assert box.pop("a", "y") == ("a", "y", b"333")  # one queue's head, whatever is older elsewhere
+    assert box.pop(None, "x") == ("a", "x", b"1") and box.pop("b", None) == ("b", "y", b"22")
+    assert box.pop("a", "y") is None and box.drop("a") == 1 and box.messages["a"] == box.bytes["a"] == 0
+    assert [box.pop() for _ in range(2)] == [("b", "x", b"5"), None] and box.total == 0
+    reference = []  # against a plain list scanned in order (the inbox's old form)
+    for i in range(300):
+        s, k = "abc"[i * 7 % 3], "xyz"[i * 5 % 3]
+        box.add(s, k, bytes([i % 256]))
+        reference.append((s, k, bytes([i % 256])))
+        if i % 4 == 3:
+            want_s, want_k = ("abc"[i % 3] if i % 8 == 3 else None), ("xyz"[i % 3] if i % 16 < 8 else None)
+            match = next((m for m in reference if (want_s in (None, m[0])) and (want_k in (None, m[1]))), None)
+            if match is not None:
+                reference.remove(match)
+            assert box.pop(want_s, want_k) == match
+    assert box.total == len(reference)

@@ -79,9 +79,13 @@ class Inbox:
 
     def add(self, sender: str, kind: str, data: bytes) -> None:
         queue = self._queues.get((sender, kind))
-        if queue is None:
+        if queue is None:  # (queues are kept once made: at most one per peer and registered kind)
             queue = self._queues[sender, kind] = deque()
-            self._kinds.setdefault(sender, set()).add(kind)
+        if not queue:
+            kinds = self._kinds.get(sender)
+            if kinds is None:
+                kinds = self._kinds[sender] = set()
+            kinds.add(kind)
         self._order += 1
         queue.append((self._order, data))
         self.bytes[sender] = self.bytes.get(sender, 0) + len(data) + ENTRY_COST
@@ -91,7 +95,8 @@ class Inbox:
     def _oldest(self, sender: str | None, kind: str | None) -> tuple[str, str] | None:
         """The (sender, kind) whose queue holds the oldest message matching the filters."""
         if sender is not None and kind is not None:
-            return (sender, kind) if (sender, kind) in self._queues else None
+            queue = self._queues.get((sender, kind))
+            return (sender, kind) if queue else None
         best, best_order = None, 0
         senders = [sender] if sender is not None else list(self._kinds)
         for s in senders:
@@ -105,22 +110,26 @@ class Inbox:
 
     def pop(self, sender: str | None = None, kind: str | None = None) -> tuple[str, str, bytes] | None:
         """Remove and return the oldest message matching the filters as (sender, kind, data); None if none."""
-        key = self._oldest(sender, kind)
-        if key is None:
-            return None
-        queue = self._queues[key]
+        if sender is not None and kind is not None:  # the common case: one queue's head
+            queue = self._queues.get((sender, kind))
+            if not queue:
+                return None
+        else:
+            key = self._oldest(sender, kind)
+            if key is None:
+                return None
+            sender, kind = key
+            queue = self._queues[key]
         _, data = queue.popleft()
         if not queue:
-            del self._queues[key]
-            kinds = self._kinds[key[0]]
-            kinds.discard(key[1])
+            kinds = self._kinds[sender]
+            kinds.discard(kind)
             if not kinds:
-                del self._kinds[key[0]]
-        s = key[0]
-        self.bytes[s] -= len(data) + ENTRY_COST
-        self.messages[s] -= 1
+                del self._kinds[sender]
+        self.bytes[sender] -= len(data) + ENTRY_COST
+        self.messages[sender] -= 1
         self.total -= 1
-        return key[0], key[1], data
+        return sender, kind, data
 
     def peek(self) -> tuple[str, str] | None:
         """(sender, kind) of the oldest message, left in place."""
@@ -129,13 +138,15 @@ class Inbox:
     def holds(self, sender: str, kind: str | None) -> bool:
         if kind is None:
             return sender in self._kinds
-        return (sender, kind) in self._queues
+        return bool(self._queues.get((sender, kind)))
 
     def drop(self, sender: str) -> int:
         """Discard everything ``sender`` sent (a peer that broke the protocol); returns how many messages."""
         dropped = 0
         for kind in list(self._kinds.pop(sender, ())):
-            dropped += len(self._queues.pop((sender, kind)))
+            queue = self._queues[sender, kind]
+            dropped += len(queue)
+            queue.clear()
         self.total -= dropped
         self.bytes[sender] = 0
         self.messages[sender] = 0
