@@ -8,8 +8,9 @@ phase:
   point (65 bytes) or one row id (8 bytes) per id of the peer's file; with files of similar sizes, 128 bytes per
   row of the party's own file bounds it (:func:`startup_limits`);
 * **during the run** (once built, :func:`run_limits`): an algorithm's message carries at most one row per row of a
-  batch (an evaluation batch, or a whole split for the full-batch methods), each at most ``max(--embedding-dim,
-  classes)`` float64 values; protocol layers (ciphertexts, masks, seals) add at most a few times that.
+  batch (training or evaluation), each at most ``max(--embedding-dim, classes)`` float64 values, or one row per row
+  of a whole split of at most ``classes`` values (the full-batch methods); protocol layers (ciphertexts, masks,
+  seals) add at most a few times that.
 
 Floor: 8 MiB for a message (a demonstration's requests and answers), the buffer per peer four messages. A
 federation file's ``[limits]`` table overrides any of them (:data:`secvfl.federation.LIMIT_KEYS`), as do the
