@@ -171,8 +171,8 @@ def _growth(result: dict) -> float:
     return (result["peak_rss"] - result["ready_rss"]) / _MIB
 
 
-# Limits as a run of a small dataset derives them (secvfl.deploy.limits: the 8 MiB floor, four messages per peer)
-_RUN_LIMITS = {"max_message_bytes": 8 * _MIB, "max_buffered_bytes": 32 * _MIB}
+# Limits as a run of a small dataset derives them (secvfl.deploy.limits: the 4 MiB floor, four messages per peer)
+_RUN_LIMITS = {"max_message_bytes": 4 * _MIB, "max_buffered_bytes": 16 * _MIB}
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ phase:
   of a whole split of at most ``classes`` values (the full-batch methods); protocol layers (ciphertexts, masks,
   seals) add at most a few times that.
 
-Floor: 8 MiB for a message (a demonstration's requests and answers), the buffer per peer four messages. A
+Floor: 4 MiB for a message (a small run's requests and answers: tens of KiB), the buffer per peer four messages. A
 federation file's ``[limits]`` table overrides any of them (:data:`secvfl.federation.LIMIT_KEYS`), as do the
 announced-columns limits below, which bound what a party allocates for a table whose widths its peers announce.
 """
@@ -27,7 +27,7 @@ from secvfl.transport.inbox import ReceiveLimits
 __all__ = ["startup_limits", "run_limits", "TableLimits", "table_limits"]
 
 _MIB = 1 << 20
-_FLOOR_MESSAGE = 8 * _MIB
+_FLOOR_MESSAGE = 4 * _MIB
 _BUFFER_MESSAGES = 4  # the buffer per peer, in largest messages
 _PROTOCOL_FACTOR = 4  # ciphertexts, masks and seals carry at most this many times a dense float64 message
 _BYTES_PER_OWN_ROW = 128  # before the run: a blinded point or a row id per id of a file of similar size

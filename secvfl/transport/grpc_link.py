@@ -62,7 +62,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,8 +180,10 @@ def _batch(frames: list[bytes]) -> bytes:
     return b"".join([_frame("", _BATCH, count=len(frames)), *(_LENGTH.pack(len(f)) + f for f in frames)])
 
 
-def _unbatch(payload: memoryview, count: int) -> list[memoryview]:
-    frames, at = [], 0
+def _batch_frames(payload: memoryview, count: int) -> Iterator[memoryview]:
+    """The ``count`` frames of a batch frame's payload, one at a time (a malformed batch raises MessageError where
+    it is found)."""
+    at = 0
     for _ in range(count):
         if at + _LENGTH.size > len(payload):
             raise MessageError("a batch frame ends inside a frame's length")
@@ -189,11 +191,46 @@ def _unbatch(payload: memoryview, count: int) -> list[memoryview]:
         at += _LENGTH.size
         if at + n > len(payload):
             raise MessageError("a batch frame ends inside one of its frames")
-        frames.append(payload[at:at + n])
+        yield payload[at:at + n]
         at += n
     if at != len(payload):
         raise MessageError(f"a batch frame carries {len(payload) - at} bytes after its {count} frames")
-    return frames
+
+
+def _unbatch(payload: memoryview, count: int) -> list[memoryview]:
+    return list(_batch_frames(payload, count))
+
+
+class _Unread:
+    """The frames of the last gRPC message read from a peer that are not delivered yet: one frame, or a batch
+    parsed one frame at a time as it is delivered (a batch of tiny frames is never held as thousands of parsed
+    frames while the peer's buffer is full)."""
+
+    __slots__ = ("head", "rest")
+
+    def __init__(self) -> None:
+        self.head: tuple | None = None
+        self.rest: Iterator[memoryview] | None = None
+
+    def load(self, frame: bytes) -> None:
+        parsed = _parse(frame)
+        if parsed[0] == _BATCH:
+            self.rest = _batch_frames(parsed[5], parsed[4])
+        else:
+            self.head = parsed
+
+    def peek(self) -> tuple | None:
+        """The next frame, left in place (MessageError: the batch is malformed there)."""
+        if self.head is None and self.rest is not None:
+            following = next(self.rest, None)
+            if following is None:
+                self.rest = None
+            else:
+                self.head = _parse(following)
+        return self.head
+
+    def __bool__(self) -> bool:
+        return self.peek() is not None
 
 
 def _wake_all(links: list[_Outgoing]) -> None:
@@ -655,30 +692,25 @@ class GrpcTransport(Transport):
         name = peer.name
         self._seen(name)
         assembly = _Assembly()
-        waiting: deque[tuple] = deque()  # frames read and not yet delivered (at most one gRPC message's)
+        unread = _Unread()  # frames read and not yet delivered (at most one gRPC message's)
         ended = False
         try:
             while True:
-                if waiting:
-                    await self._wait_for_room(name)
-                else:
-                    try:
-                        frame = await incoming.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    self._seen(name)
-                    with self._wire_lock:
-                        self.wire_stats.count(name, self.local.name, "received", len(frame))
-                    try:
-                        parsed = _parse(frame)
-                        ftype, _kind, _seq, _index, count, payload = parsed
-                        if ftype == _BATCH:
-                            waiting.extend(_parse(f) for f in _unbatch(payload, count))
-                        else:
-                            waiting.append(parsed)
-                    except MessageError as exc:
-                        raise _Refused(f"it sent a malformed frame ({exc})") from None
-                ended = self._deliver(name, waiting, assembly)
+                try:
+                    if unread:
+                        await self._wait_for_room(name)
+                    else:
+                        try:
+                            frame = await incoming.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        self._seen(name)
+                        with self._wire_lock:
+                            self.wire_stats.count(name, self.local.name, "received", len(frame))
+                        unread.load(frame)
+                    ended = self._deliver(name, unread, assembly)
+                except MessageError as exc:
+                    raise _Refused(f"it sent a malformed frame ({exc})") from None
                 if ended:
                     break
         except asyncio.CancelledError:  # the server is stopping (or the peer's call was cancelled)
@@ -736,11 +768,11 @@ class GrpcTransport(Transport):
             self._last_seen[peer] = time.monotonic()  # its stream was not read while paused: not a silence
             self._loop.soon(room.set)
 
-    def _deliver(self, sender: str, frames: deque[tuple], assembly: _Assembly) -> bool:
+    def _deliver(self, sender: str, frames: _Unread, assembly: _Assembly) -> bool:
         """(On the loop.) Put the messages that ``frames`` complete in the inbox (chunks are gathered in
         ``assembly`` until their message is whole) and wake the party's thread once, taking frames off ``frames``
         while the sender's buffer has room; returns whether the peer said goodbye. A frame that breaks the rules
-        raises _Refused."""
+        raises _Refused (MessageError: a malformed one)."""
         arrived: list[tuple[str, bytes]] = []
         failure = None
         ended = False
@@ -748,11 +780,11 @@ class GrpcTransport(Transport):
         # room left in the sender's buffer (the party's thread only ever makes more: read without the lock)
         room_messages = limits.max_buffered_messages - self._inbox.messages.get(sender, 0)
         room_bytes = limits.max_buffered_bytes - self._inbox.bytes.get(sender, 0) - assembly.nbytes
-        while frames:
-            ftype, kind, seq, index, count, payload = frames[0]
+        while (frame := frames.peek()) is not None:
+            ftype, kind, seq, index, count, payload = frame
             if ftype == _DATA and index == 0 and (room_messages <= 0 or room_bytes <= 0):
                 break  # no room for another message: the rest waits (see _read)
-            frames.popleft()
+            frames.head = None
             if ftype == _HEARTBEAT:
                 continue
             if ftype == _GOODBYE:
