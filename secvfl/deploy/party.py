@@ -332,8 +332,8 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         _check_layout(federation, remote[bad], widths, sizes, len(plan.classes))
         alignment.update(protocol="ECDH-PSI over P-256 (semi-honest)", **plan.counts, widths=widths,
                          rows_sha256=plan.digest(),  # every PSI message crossed the label party's links: its own
-                         psi_bytes=psi_stats.bytes_total + net.received.bytes_total,  # counts, sent and received
-                         psi_messages=psi_stats.messages_total + net.received.messages_total,
+                         psi_bytes=psi_stats.bytes_total + net.received.stats().bytes_total,  # counts, sent and
+                         psi_messages=psi_stats.messages_total + net.received.stats().messages_total,  # received
                          seconds=round(time.perf_counter() - t0, 3))
         log(f"{federation.label_party}: aligned {plan.counts['held_by_all']} rows held by every party "
             f"(train/val/test {'/'.join(map(str, sizes))}); columns per party {widths}")
@@ -361,7 +361,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         cpu_since = time.process_time()
         transport.stats = FederatedStats(
             lambda: {p: link.call(p, STATS) for p in remote + helpers if p not in departed},
-            lambda: run.net.received if run.net.received_complete else None,
+            lambda: run.net.received.stats() if run.net.received_complete else None,
             me if me in run.net.topology.roles else None, departed)
         transport.set_limits(run_limits(federation, run))
         if hasattr(run.algorithm, "depart"):  # any observed set of parties predicts (LASER-VFL and its baselines)

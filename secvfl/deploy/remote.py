@@ -148,16 +148,20 @@ class RemoteHandle(PartyHandle):
         facts = getattr(getattr(self._type, attr), "facts", None)
         expected = _answer_type(self._type, attr)
 
+        reply = attr not in self._void
+        guard = None if self._net is None or facts is None else self._net.guard
+
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self._net is not None and facts is not None:
-                self._net.guard.begin(facts(args, kwargs))
-            value = self._link.call(self.name, attr, args, kwargs, reply=attr not in self._void)
-            if attr not in self._void:
+            if guard is not None:
+                guard.begin(facts(args, kwargs))
+            value = self._link.call(self.name, attr, args, kwargs, reply=reply)
+            if reply:
                 problem = _type_problem(value, expected)
                 if problem is not None:
                     raise PeerViolation(self.name, f"its answer to {attr} is {problem}")
             return value
 
+        self.__dict__[attr] = call  # made once per request name: later lookups find it without __getattr__
         return call
 
     def state_dict(self) -> dict:

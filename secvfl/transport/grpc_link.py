@@ -697,7 +697,7 @@ class GrpcTransport(Transport):
         try:
             while True:
                 try:
-                    if unread:
+                    if unread.head is not None or (unread.rest is not None and unread):
                         await self._wait_for_room(name)
                     else:
                         try:
@@ -780,26 +780,39 @@ class GrpcTransport(Transport):
         # room left in the sender's buffer (the party's thread only ever makes more: read without the lock)
         room_messages = limits.max_buffered_messages - self._inbox.messages.get(sender, 0)
         room_bytes = limits.max_buffered_bytes - self._inbox.bytes.get(sender, 0) - assembly.nbytes
-        while (frame := frames.peek()) is not None:
+        while True:
+            frame = frames.head
+            if frame is None:
+                if frames.rest is None or (frame := frames.peek()) is None:
+                    break
             ftype, kind, seq, index, count, payload = frame
-            if ftype == _DATA and index == 0 and (room_messages <= 0 or room_bytes <= 0):
-                break  # no room for another message: the rest waits (see _read)
-            frames.head = None
-            if ftype == _HEARTBEAT:
-                continue
-            if ftype == _GOODBYE:
-                ended = True
-                break
             if ftype != _DATA:
+                frames.head = None
+                if ftype == _HEARTBEAT:
+                    continue
+                if ftype == _GOODBYE:
+                    ended = True
+                    break
                 raise _Refused(f"it sent a frame of type {ftype} inside a stream")
             size = len(payload)
-            if size > CHUNK_BYTES:
-                raise _Refused(f"it sent a chunk of {size} bytes (chunks are at most {CHUNK_BYTES})")
             if index == 0:
-                if assembly.parts:
-                    raise _Refused(f"it started one {peer_text(kind, 64)} message inside another")
+                if room_messages <= 0 or room_bytes <= 0:
+                    break  # no room for another message: the rest waits (see _read)
                 if kind not in KINDS and kind not in _SIGNAL_KINDS:
                     raise _Refused(f"it sent a message of an unknown kind {peer_text(kind, 64)!r}")
+                if assembly.parts:
+                    raise _Refused(f"it started one {kind} message inside another")
+                if count == 1:  # a whole message in one chunk (the common case)
+                    frames.head = None
+                    if size > CHUNK_BYTES or size > limits.max_message_bytes:
+                        self._refuse_size(kind, size, limits)
+                    room_messages -= 1
+                    room_bytes -= size + ENTRY_COST
+                    if kind == ERROR_KIND:
+                        failure = self._failure(payload)
+                    else:
+                        arrived.append((kind, payload.tobytes()))
+                    continue
                 if (count - 1) * CHUNK_BYTES >= limits.max_message_bytes:
                     raise _Refused(f"it declared {count} chunks for one {kind} message (over {(count - 1) * CHUNK_BYTES} "
                                    f"bytes; limit {limits.max_message_bytes} bytes: max_message_mib)")
@@ -807,9 +820,12 @@ class GrpcTransport(Transport):
             elif (index != len(assembly.parts) or kind != assembly.kind or seq != assembly.seq
                   or count != assembly.count):
                 raise _Refused(f"chunk {index} of one {peer_text(kind, 64)} message came out of order")
+            frames.head = None
+            if size > CHUNK_BYTES:
+                self._refuse_size(kind, size, limits)
             if index + 1 < count and size != CHUNK_BYTES:
                 raise _Refused(f"chunk {index} of {count} of one {kind} message has {size} bytes, not {CHUNK_BYTES}")
-            if index + 1 == count and count > 1 and size == 0:
+            if index + 1 == count and size == 0:
                 raise _Refused(f"the last chunk of one {kind} message is empty")
             assembly.parts.append(payload)
             assembly.nbytes += size
@@ -819,27 +835,39 @@ class GrpcTransport(Transport):
             if index + 1 < count:
                 self._assembling[sender] = assembly.nbytes
                 continue
-            data = assembly.parts[0].tobytes() if count == 1 else b"".join(assembly.parts)
+            data = b"".join(assembly.parts)
             assembly.parts, assembly.nbytes = [], 0
             self._assembling[sender] = 0
             room_messages -= 1
             room_bytes -= ENTRY_COST
             if kind == ERROR_KIND:
-                if len(data) > _MAX_ERROR_BYTES:
-                    raise _Refused(f"it reported an error of {len(data)} bytes (at most {_MAX_ERROR_BYTES})")
-                failure = peer_text(data)
+                failure = self._failure(data)
             else:
                 arrived.append((kind, data))
         if arrived or failure is not None:
             with self._arrived:
                 if sender in self._violated:
                     return True
+                add = self._inbox.add
                 for kind, data in arrived:
-                    self._inbox.add(sender, kind, data)
+                    add(sender, kind, data)
                 if failure is not None:
                     self._failed.setdefault(sender, failure)
                 self._arrived.notify_all()
         return ended
+
+    @staticmethod
+    def _refuse_size(kind: str, size: int, limits: ReceiveLimits) -> None:
+        if size > CHUNK_BYTES:
+            raise _Refused(f"it sent a chunk of {size} bytes (chunks are at most {CHUNK_BYTES})")
+        raise _Refused(f"it sent one {kind} message over {limits.max_message_bytes} bytes (max_message_mib)")
+
+    @staticmethod
+    def _failure(data: bytes | memoryview) -> str:
+        """A party's own error text, made safe for one line."""
+        if len(data) > _MAX_ERROR_BYTES:
+            raise _Refused(f"it reported an error of {len(data)} bytes (at most {_MAX_ERROR_BYTES})")
+        return peer_text(bytes(data))
 
     def _seen(self, party: str) -> None:
         self._last_seen[party] = time.monotonic()

@@ -26,7 +26,48 @@ from secvfl.transport.layers import (
     check_stack,
 )
 
-__all__ = ["Network", "Role", "View"]
+__all__ = ["Network", "Role", "View", "ReceivedCounts"]
+
+
+class ReceivedCounts:
+    """What the parties of a process received, counted as their senders count what they send (CommStats), but
+    tallied per (sender, receiver, kind) on the receive path (one dictionary entry a message) and laid out as
+    CommStats only when read: :meth:`stats`, or the CommStats methods below."""
+
+    def __init__(self) -> None:
+        self._tally: dict[tuple[str, str, str], list[int]] = {}
+        self._loaded = CommStats()  # restored from a checkpoint
+
+    def add(self, sender: str, receiver: str, kind: str, nbytes: int, payload: int) -> None:
+        counts = self._tally.get((sender, receiver, kind))
+        if counts is None:
+            counts = self._tally[sender, receiver, kind] = [0, 0, 0]
+        counts[0] += 1
+        counts[1] += nbytes
+        counts[2] += payload
+
+    def stats(self) -> CommStats:
+        out = CommStats()
+        out.load_state_dict(self._loaded.state_dict())
+        for (sender, receiver, kind), (messages, nbytes, payload) in self._tally.items():
+            out.bytes_sent[sender] += nbytes
+            out.bytes_received[receiver] += nbytes
+            out.messages_sent[sender] += messages
+            out.bytes_by_kind[kind] += nbytes
+            out.messages_by_kind[kind] += messages
+            out.bytes_by_link[f"{sender}->{receiver}"] += nbytes
+            out.payload_by_kind[kind] += payload
+        return out
+
+    def state_dict(self) -> dict:
+        return self.stats().state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._tally = {}
+        self._loaded.load_state_dict(state)
+
+    def to_dict(self) -> dict:
+        return self.stats().to_dict()
 
 
 @dataclass
@@ -72,7 +113,7 @@ class Network:
         self.guard = ReceiveGuard(traits.forward_kinds if traits else (), traits.backward_kinds if traits else ())
         # What this process's parties received, by sender and kind, counted at the receiver (a deployed run checks
         # it against what each sender says it sent: secvfl.deploy.remote.FederatedStats).
-        self.received = CommStats()
+        self.received = ReceivedCounts()
         self.received_complete = True  # False after loading a checkpoint written before receivers counted
         self._views: dict[str, View] = {}
         # Inputs parties submitted to the aggregation, per (receiver, kind), until the receiver aggregates them.
@@ -134,8 +175,8 @@ class Network:
             if sender is None:
                 raise MessageError(problem)
             raise PeerViolation(sender, problem)
-        self.received.count(msg.sender, receiver, wire.kind, len(data))  # as its sender counted it (Network.send)
-        self.received.count_payload(wire.kind, encoded_payload_size(data))
+        # as its sender counted it (Network.send)
+        self.received.add(msg.sender, receiver, wire.kind, len(data), encoded_payload_size(data))
         self.guard.check(msg, receiver)
         # The receiver's layers act for the receiver (decompress, open a sealed envelope): what they return is what
         # the receiver got off the wire.
