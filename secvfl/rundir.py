@@ -14,8 +14,10 @@ from secvfl.checkpoint import has_checkpoint
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError
 from secvfl.plotting import new_figure, save_figure_atomic
+from secvfl.runlock import LOCK_FILE, resume_command
 
-__all__ = ["RUNS_DIR_ENV", "runs_root", "dataset_label", "default_run_dir", "check_out_dir", "writing", "write_curves"]
+__all__ = ["RUNS_DIR_ENV", "runs_root", "dataset_label", "default_run_dir", "check_out_dir", "check_run_contents",
+           "writing", "write_curves"]
 
 
 def dataset_label(name: str) -> str:
@@ -48,12 +50,66 @@ def default_run_dir(cfg: TrainConfig, root: str | Path | None = None) -> Path:
     return path
 
 
-def check_out_dir(run_dir: Path) -> None:
-    """Refuse, before any data is loaded, a run directory that cannot be created or written."""
+# Settings that say where a run reads its data and how many threads it uses: properties of the machine, not of the
+# run (a resumed run may change them too, secvfl.runner.RESUME_CHANGES).
+_MACHINE_SETTINGS = ("data_dir", "threads")
+
+
+def _settings(cfg: TrainConfig) -> dict:
+    d = {k: v for k, v in cfg.to_dict().items() if k not in _MACHINE_SETTINGS and v is not None}
+    d["options"] = {k: v for k, v in d["options"].items() if v is not None}
+    return d
+
+
+def _flat(settings: dict) -> dict:
+    return {**{k: v for k, v in settings.items() if k != "options"}, **settings["options"]}
+
+
+def check_run_contents(run_dir: Path, cfg: TrainConfig | None = None) -> None:
+    """Refuse to start a run in ``run_dir`` unless it is new, empty, or holds this very run (``cfg``) stopped before
+    its first checkpoint. A run never writes into a directory that holds other files, nor over another run."""
+    if not run_dir.is_dir():
+        return
+    if has_checkpoint(run_dir):
+        how = f"continue it with `{resume_command(run_dir)}`"
+        if (run_dir / "summary.json").is_file():
+            from secvfl.runner import read_run_config  # (the runner imports this module)
+
+            try:
+                epochs = read_run_config(run_dir).epochs
+                how = f"it has finished; train it longer with `{resume_command(run_dir, '--epochs', str(2 * epochs))}`"
+            except ConfigError:
+                how = "it has finished"
+        raise ConfigError(f"--out {run_dir} already holds a run; {how}, or choose another --out")
+    entries = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE and not p.name.startswith(".secvfl-"))
+    if not entries:
+        return
+    if "config.toml" in entries:
+        from secvfl.runner import read_run_config  # (the runner imports this module)
+
+        try:
+            saved = read_run_config(run_dir)
+        except ConfigError:
+            saved = None
+        if saved is not None and (cfg is None or _settings(saved) == _settings(cfg)):
+            return  # this run, stopped before its first checkpoint: it starts again (a DP ledger counts its releases)
+        if saved is not None:
+            a, b = _flat(_settings(saved)), _flat(_settings(cfg))
+            changed = ", ".join(f"--{k.replace('_', '-')} {b.get(k)!r} (it has {a.get(k)!r})"
+                                for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k))
+            raise ConfigError(f"--out {run_dir} holds a run with other settings ({changed}); continue that run with "
+                              f"`{resume_command(run_dir)}`, or choose another --out")
+    shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    raise ConfigError(f"--out {run_dir} is not empty ({shown}) and holds no run of these settings; a run never writes "
+                      "into a directory that holds other files: choose a new or empty directory")
+
+
+def check_out_dir(run_dir: Path, cfg: TrainConfig | None = None) -> None:
+    """Refuse, before any data is loaded, a run directory that cannot be created or written, or that holds anything
+    but this run (:func:`check_run_contents`)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--out {run_dir} is an existing file; name a directory (it is created if needed)")
-    if run_dir.is_dir() and has_checkpoint(run_dir):
-        raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} to continue it, or another --out")
+    check_run_contents(run_dir, cfg)
     existing = run_dir.absolute()
     while not existing.exists():
         existing = existing.parent

@@ -31,14 +31,22 @@ import torch
 
 from secvfl.algorithms import get_algorithm
 from secvfl.algorithms.base import Algorithm, RunContext
-from secvfl.checkpoint import discard_after, latest_epoch, load_checkpoint, save_checkpoint
+from secvfl.checkpoint import (
+    NoCheckpointError,
+    discard_after,
+    has_checkpoint,
+    latest_epoch,
+    load_checkpoint,
+    save_checkpoint,
+)
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, block_miss_probabilities, draw_masks, load_dataset, make_partition
 from secvfl.data.partition import Partition
 from secvfl.errors import ConfigError, TrainingDiverged
 from secvfl.io import write_json_atomic, write_text_atomic
 from secvfl.plugins import ProtocolSetup, configure_protocols
-from secvfl.rundir import check_out_dir, write_curves, writing
+from secvfl.rundir import check_out_dir, check_run_contents, write_curves, writing
+from secvfl.runlock import lock_run_dir, resume_command
 from secvfl.transport.network import Network
 
 __all__ = [
@@ -182,13 +190,20 @@ KILL_AT_BATCH_ENV = "SECVFL_KILL_AT_BATCH"
 def read_run_config(run_dir: Path) -> TrainConfig:
     path = run_dir / "config.toml"
     if not path.is_file():
-        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml); start a run there with "
-                          f"--out {run_dir}")
+        if not run_dir.is_dir():
+            raise ConfigError(f"--resume {run_dir}: no such directory; give the directory of the run to continue")
+        if any(run_dir.iterdir()):
+            raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml), and it holds other files; "
+                              "give the directory of the run to continue, or start a new run in a new directory "
+                              "(--out)")
+        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml: it is empty); start a new run "
+                          f"with `secvfl train --out {run_dir}`")
     return TrainConfig.from_dict(load_config_file(path))
 
 
 def _resumable(run_dir: Path, from_epoch: int | None, changes: dict[str, Any]) -> tuple[TrainConfig, int]:
-    """The configuration a resumed run continues with, and the epochs it has done; refuses what cannot resume."""
+    """The configuration a resumed run continues with, and the epochs it has done (0: it starts again from its
+    beginning, having stopped before its first checkpoint, or ``--from-epoch 0``); refuses what cannot resume."""
     saved = read_run_config(run_dir)
     unknown = sorted(set(changes) - set(RESUME_CHANGES))
     if unknown:
@@ -196,13 +211,20 @@ def _resumable(run_dir: Path, from_epoch: int | None, changes: dict[str, Any]) -
     core = {k: v for k, v in changes.items() if k in TrainConfig.__dataclass_fields__}
     options = {k: v for k, v in changes.items() if k not in core}  # a protocol's flag
     cfg = replace(saved, **core, options={**saved.options, **options}) if changes else saved
-    done = latest_epoch(run_dir) if from_epoch is None else int(from_epoch)
+    if from_epoch is not None:
+        done = int(from_epoch)
+    else:
+        try:
+            done = latest_epoch(run_dir)
+        except NoCheckpointError:  # killed before its first checkpoint: it starts again from its beginning (in its
+            done = 0  # directory, where a DP release ledger counts what the killed process released)
     if done > cfg.epochs:
         raise ConfigError(f"--epochs {cfg.epochs}: {run_dir} has already trained {done} epochs; a resumed run can "
                           f"only train longer (--epochs {done} or more)")
     if from_epoch is None and done == cfg.epochs and (run_dir / "summary.json").is_file():
         raise ConfigError(f"--resume {run_dir}: the run already finished its {done} epoch{'s' * (done != 1)} (see "
-                          f"summary.json); add --epochs N with N > {done} to train it longer")
+                          f"summary.json); to train it longer, give more epochs: "
+                          f"`{resume_command(run_dir, '--epochs', str(2 * done))}`")
     return cfg, done
 
 
@@ -231,7 +253,8 @@ def _diverged(step_size: tuple[str, float], run_dir: Path | None, epoch: int, ba
 def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str | Path | None = None,
                  from_epoch: int | None = None, changes: dict[str, Any] | None = None, progress: bool = True,
                  log=print, on_build=None, build: Callable[[TrainConfig], Run] | None = None,
-                 summary_extra: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+                 summary_extra: Callable[[], dict[str, Any]] | None = None, resume_as: str | None = None
+                 ) -> dict[str, Any]:
     """Train, evaluate and write the run directory ``out`` (None: write nothing); returns the summary dictionary.
 
     ``resume``: continue the run in that directory from its latest checkpoint (``from_epoch``: from the one after
@@ -240,38 +263,63 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
     ``on_build(run)``, if given, is called once the run is assembled (and restored, on resume), before training:
     e.g. to record a party's view for an attack. ``build`` assembles the run (default :func:`build_run`; the parties
     in separate processes of :mod:`secvfl.deploy` build it with remote handles); ``summary_extra()`` adds entries to
-    the summary.
+    the summary. ``resume_as``: the command that continues this run, for the hints the run prints (default
+    ``secvfl train --resume DIR``; a deployed label party's is its ``secvfl party`` or ``secvfl launch`` command).
+
+    The run directory is locked for the run's life (:mod:`secvfl.runlock`): a second process writing it is refused.
     """
     changes = dict(changes or {})
     run_dir = Path(resume) if resume is not None else Path(out) if out is not None else None
-    if resume is not None:
-        cfg, _ = _resumable(run_dir, from_epoch, changes)
-    elif from_epoch is not None:
+    if resume is None and from_epoch is not None:
         raise ConfigError("--from-epoch applies only with --resume DIR")
-    elif changes:
+    if resume is None and changes:
         raise ConfigError("changes apply only to a resumed run (resume=DIR)")
-    elif run_dir is not None:
-        check_out_dir(run_dir)
+    train = dict(resume=resume is not None, from_epoch=from_epoch, changes=changes, progress=progress, log=log,
+                 on_build=on_build, build=build, summary_extra=summary_extra)
+    if run_dir is None:
+        return _train(cfg, None, **train)
+    if resume is not None:
+        read_run_config(run_dir)  # a directory that holds no run is refused before anything is created in it
+    else:
+        check_out_dir(run_dir, cfg)
+    # one process at a time writes a run directory, for the run's whole life (secvfl.runlock)
+    with lock_run_dir(run_dir, resume_as, flag="--resume" if resume is not None else "--out"):
+        if resume is not None:
+            cfg, _ = _resumable(run_dir, from_epoch, changes)
+        else:
+            check_run_contents(run_dir, cfg)  # again, under the lock: another process may have written it since
+        return _train(cfg, run_dir, **train)
+
+
+def _train(cfg: TrainConfig, run_dir: Path | None, *, resume: bool, from_epoch: int | None, changes: dict[str, Any],
+           progress: bool, log, on_build, build: Callable[[TrainConfig], Run] | None,  # noqa: ANN001
+           summary_extra: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    """:func:`run_training` once the run directory (if any) is locked and checked."""
     run = (build or build_run)(cfg)
     start_epoch, history, wall_before = 0, [], 0.0
-    if resume is not None:
+    # a resumed run with no checkpoint (stopped before its first one, or --from-epoch 0) starts from its beginning
+    again = resume and (from_epoch == 0 or (from_epoch is None and not has_checkpoint(run_dir)))
+    if resume and not again:
         restored = load_checkpoint(run_dir, run, epoch=from_epoch, count_since_build=True)
         start_epoch, history, wall_before = restored.epoch, restored.history, restored.wall_seconds
     for hook in (h for s in run.setups for h in s.on_start):
         hook(run_dir, start_epoch)  # may refuse to go on; nothing in the run directory has been written yet
-    if resume is not None:
+    if resume:
         with writing(run_dir):
             if from_epoch is not None:
                 discard_after(run_dir, from_epoch)
             if changes:
                 write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
             write_text_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-        log(f"resuming {run_dir} after epoch {start_epoch} of {cfg.epochs}")
+        if again:
+            log(f"resuming {run_dir} from its beginning (no checkpoint to continue from), {cfg.epochs} epochs")
+        else:
+            log(f"resuming {run_dir} after epoch {start_epoch} of {cfg.epochs}")
     elif run_dir is not None:
         with writing(run_dir):
             run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
-        log(f"run directory: {run_dir} (continue an interrupted run with `secvfl train --resume {run_dir}`)")
+        log(f"run directory: {run_dir} (continue an interrupted run with `{resume_command(run_dir)}`)")
     if on_build is not None:
         on_build(run)
     for note in run.ctx.data.notes:

@@ -274,13 +274,16 @@ def test_a_damaged_byte_in_the_checksum_field_name_is_refused(two_epoch_run):
             load_checkpoint(copy, run)
 
 
-def test_resume_without_a_checkpoint_says_how_to_start_afresh(tmp_path, capsys):
+def test_resume_without_a_checkpoint_starts_the_run_again_from_its_beginning(tmp_path, capsys):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    (run_dir / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 2\n')
-    assert _train("--resume", run_dir) == 2
-    err = capsys.readouterr().err
-    assert "no checkpoint yet" in err and f"remove {run_dir} or pass another --out" in err
+    (run_dir / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 2\n')  # killed in its first epoch
+    assert _train("--resume", run_dir) == 0
+    assert "from its beginning" in capsys.readouterr().out
+    fresh = run_training(TrainConfig(dataset="wine", parties=2, epochs=2), out=tmp_path / "fresh", progress=False,
+                         log=lambda *_: None)
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["metrics"]["test"] == fresh["metrics"]["test"] and resumed["comm"] == fresh["comm"]
 
 
 def test_redirected_output_gets_one_line_per_epoch_and_no_bar(tmp_path, capsys):

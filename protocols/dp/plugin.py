@@ -70,6 +70,7 @@ from secvfl.io import write_json_atomic
 from secvfl.messages import Message
 from secvfl.parties import ProtocolHooks
 from secvfl.plugins import ProtocolPlugin, ProtocolSetup
+from secvfl.runlock import resume_command
 from secvfl.transport.layers import AlgorithmTraits, Layer, Role, Topology
 
 if TYPE_CHECKING:
@@ -538,7 +539,10 @@ def _check_budget(layer: DPLayer, limit: float, run_dir: Path | None, trained: i
         return
     repeats = ", ".join(f"{name} released {n} times" for name, n in repeated_releases(entries + future).items())
     allow = math.ceil(finish * 1000) / 1000
-    how = (f"`secvfl train --resume {run_dir} --dp-accept-epsilon {allow:g}`" if trained else
+    # a directory that already holds this run's config.toml continues with --resume, from a checkpoint or (killed in
+    # its first epoch) from its beginning
+    resumable = run_dir is not None and (Path(run_dir) / "config.toml").is_file()
+    how = (f"`{resume_command(run_dir, '--dp-accept-epsilon', f'{allow:g}')}`" if resumable else
            f"the same command with --dp-accept-epsilon {allow:g}")
     raise ConfigError(
         f"differential privacy: finishing this run would spend epsilon {finish:.4g}, more than its budget of "

@@ -129,7 +129,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "it longer (also a finished run); --data-dir and --threads may change, other flags may not")
     p.add_argument("--from-epoch", type=int, default=None, metavar="N",
                    help="with --resume: start from the checkpoint after epoch N (the previous one is kept in case "
-                        "the latest is damaged); later checkpoints are discarded")
+                        "the latest is damaged; 0: from the run's beginning); later checkpoints are discarded")
     p.add_argument("--no-progress", action="store_true",
                    help="print a line per epoch instead of a progress bar (the bar is shown only on a terminal)")
     p.add_argument("--list-algos", action="store_true", help="list the algorithms and exit")
