@@ -70,6 +70,8 @@ class TrainConfig:
             problems += found
             object.__setattr__(self, "_typed", typed)
             object.__setattr__(self, "options", flat)
+        if not problems:
+            problems = _unused_setting_problems(self)
         if problems:
             raise ConfigError("; ".join(problems))
         check_options(self.options)
@@ -143,6 +145,17 @@ def _type_problems(cfg: TrainConfig) -> list[str]:
     if not isinstance(cfg.options, Mapping):
         problems.append(f"options must be a dictionary of flag values, got {type(cfg.options).__name__}")
     return problems
+
+
+def _unused_setting_problems(cfg: TrainConfig) -> list[str]:
+    """Core settings given (other than their default) that the algorithm does not read (Algorithm.unused_settings)."""
+    from secvfl.algorithms import algorithm_names, get_algorithm
+
+    if cfg.algo not in algorithm_names():  # an unknown algorithm is refused when the run is built, with the names
+        return []
+    return [f"{_flag(name)} does not apply to --algo {cfg.algo} (drop it): {why}"
+            for name, why in get_algorithm(cfg.algo).unused_settings.items()
+            if getattr(cfg, name) != getattr(TrainConfig, name)]
 
 
 def _range_problems(cfg: TrainConfig) -> list[str]:

@@ -151,8 +151,9 @@ def writing(run_dir: Path) -> Iterator[None]:
                           "use a writable location (--out) with free space") from None
 
 
-def write_curves(path: Path, history: list[dict], cfg: TrainConfig) -> None:
-    """``curves.png``: the training loss and the validation metric per epoch (written atomically).
+def write_curves(path: Path, history: list[dict], cfg: TrainConfig, val_name: str = "val") -> None:
+    """``curves.png``: the training loss and the validation metric per epoch (written atomically); ``val_name``: what
+    the validation metric is (``prequential``: an online run's block score, each sample scored before learning).
 
     A run whose training loss is private (label DP: it is computed from the true labels) has no loss panel.
     """
@@ -162,7 +163,8 @@ def write_curves(path: Path, history: list[dict], cfg: TrainConfig) -> None:
         panels.append(("train_loss", "training loss (batch mean)", "training loss", "tab:blue"))
     metric = next((k for k in ("val_auc", "val_accuracy") if history and all(k in h for h in history)), None)
     if metric:
-        panels.append((metric, metric[4:], f"validation {metric[4:]}", "tab:green"))
+        what = "validation" if val_name == "val" else val_name
+        panels.append((metric, metric[4:], f"{what} {metric[4:]}", "tab:green"))
     fig = new_figure((4.5 * max(1, len(panels)), 3.4))
     axes = fig.subplots(1, max(1, len(panels)), squeeze=False)[0]
     for ax, (key, ylabel, title, colour) in zip(axes, panels, strict=False):

@@ -237,16 +237,30 @@ def _kill_at_batch() -> int | None:
     return int(text)
 
 
-def _diverged(step_size: tuple[str, float], run_dir: Path | None, epoch: int, batch: int | None,
-              loss: float) -> TrainingDiverged:
-    flag, lr = step_size
+def _non_finite_inputs(run: Run) -> int:
+    """Cells of the training data that are not finite after preprocessing (a diverged run blames them, not a step
+    size: e.g. values near +-1e308 overflow when standardised)."""
+    data = run.ctx.data
+    return int(np.size(data.X_train) - np.count_nonzero(np.isfinite(data.X_train)))
+
+
+def _diverged(step_size: tuple[str, float] | None, run_dir: Path | None, epoch: int, batch: int | None,
+              loss: float, bad_cells: int = 0) -> TrainingDiverged:
+    """The one line a diverged run stops with. It names a step-size flag only when the algorithm has one and the
+    training data were finite; peers' non-finite messages are refused by the receiving party before this."""
     where = f"epoch {epoch + 1}" + (f", batch {batch}" if batch is not None else "")
     kept = f"; {run_dir} keeps the metrics and checkpoint of epoch {epoch}" if run_dir is not None and epoch else ""
-    return TrainingDiverged(
-        f"training stopped: the loss became {loss} at {where}. The step size is probably too large ({flag} "
-        f"{lr:g}) or the data hold inf or huge values; start again with a smaller {flag} (e.g. {lr / 10:g}) or "
-        f"check the data{kept}"
-    )
+    if bad_cells:
+        cause = (f"The training data hold {bad_cells} non-finite value(s) after preprocessing (values near +-1e308 "
+                 "overflow when the columns are standardised); fix or remove them in the data")
+    elif step_size is None:
+        cause = ("Its step sizes follow from the problem, so the data probably hold huge values or the problem is "
+                 "badly conditioned; check the data")
+    else:
+        flag, lr = step_size
+        cause = (f"The step size is probably too large ({flag} {lr:g}) or the data hold huge values; start again "
+                 f"with a smaller {flag} (e.g. {lr / 10:g}) or check the data")
+    return TrainingDiverged(f"training stopped: the loss became {loss} at {where}. {cause}{kept}")
 
 
 # -- the run -------------------------------------------------------------------------------------------------
@@ -348,7 +362,7 @@ def _train(cfg: TrainConfig, run_dir: Path | None, *, resume: bool, from_epoch: 
                 nonlocal batch
                 batch += 1
                 if not math.isfinite(loss):
-                    raise _diverged(run.algorithm.step_size(), run_dir, epoch, batch, loss)
+                    raise _diverged(run.algorithm.step_size(), run_dir, epoch, batch, loss, _non_finite_inputs(run))
                 if bar is not None:
                     bar.update(1)
                     if not keepers:
@@ -360,7 +374,8 @@ def _train(cfg: TrainConfig, run_dir: Path | None, *, resume: bool, from_epoch: 
                 hook(epoch)
             train = run.algorithm.train_epoch(epoch, tick)
             if not math.isfinite(train["loss"]):
-                raise _diverged(run.algorithm.step_size(), run_dir, epoch, None, train["loss"])
+                raise _diverged(run.algorithm.step_size(), run_dir, epoch, None, train["loss"],
+                                _non_finite_inputs(run))
             val = run.algorithm.evaluate("val")
             row = {"epoch": epoch + 1, "train_loss": None if keepers else train["loss"],
                    **{f"val_{k}": v for k, v in val.items()}, "bytes_total": run.net.stats.bytes_total}
@@ -370,10 +385,11 @@ def _train(cfg: TrainConfig, run_dir: Path | None, *, resume: bool, from_epoch: 
             history.append(row)
             key, value = _primary(val)
             shown = "private" if keepers else f"{train['loss']:.4f}"
+            val_name = run.algorithm.val_name  # "val", or "prequential" for an online run's block
             if bar is not None:
-                bar.set_postfix(loss=shown, **{f"val_{key}": f"{value:.4f}"})
+                bar.set_postfix(loss=shown, **{f"{val_name}_{key}": f"{value:.4f}"})
             else:
-                log(f"epoch {epoch + 1}/{cfg.epochs} loss {shown} val {key} {value:.4f}")
+                log(f"epoch {epoch + 1}/{cfg.epochs} loss {shown} {val_name} {key} {value:.4f}")
             if run_dir is not None:
                 elapsed = wall_before + time.perf_counter() - t0
                 with writing(run_dir):
@@ -408,7 +424,7 @@ def _train(cfg: TrainConfig, run_dir: Path | None, *, resume: bool, from_epoch: 
     if run_dir is not None:
         with writing(run_dir):
             write_json_atomic(run_dir / "summary.json", summary)
-            write_curves(run_dir / "curves.png", history, cfg)
+            write_curves(run_dir / "curves.png", history, cfg, run.algorithm.val_name)
     texts = [t for s in run.setups for hook in s.on_finish if (t := hook(run_dir))]
     shown = ", ".join(f"{k} {v:.4f}" for k, v in test.items())
     log(f"test: {shown}")

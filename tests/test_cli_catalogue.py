@@ -586,10 +586,14 @@ CASES: list[Case] = [
          id="vim-beta-negative"),
     Case((*_TRAIN, "--algo", "splitnn", "--vim-lr", "0.1"), "--vim-lr applies to --algo vimadmm/vimadmm-j/vimsgd "
          "only, not splitnn", id="vim-lr-for-splitnn"),
-    Case((*_TRAIN, "--algo", "vimadmm", "--lr", "0.1"), "--lr does not apply to --algo vimadmm, which trains with "
-         "SGD: set its step size with --vim-lr", id="vim-core-lr"),
+    Case((*_TRAIN, "--algo", "vimadmm", "--lr", "0.1"), "--lr does not apply to --algo vimadmm (drop it): it trains "
+         "with SGD at its own step size, --vim-lr", id="vim-core-lr"),
     Case((*_TRAIN, "--algo", "vimsgd", "--optimizer", "sgd", "--weight-decay", "0.1"),
-         "--optimizer/--weight-decay do not apply to --algo vimsgd", id="vim-core-optimizer"),
+         "--optimizer does not apply to --algo vimsgd (drop it): it trains with SGD (momentum --vim-momentum at the "
+         "parties); its step size is --vim-lr; --weight-decay does not apply to --algo vimsgd (drop it): its L2 weight "
+         "is --vim-beta", id="vim-core-optimizer"),
+    Case((*_TRAIN, "--algo", "vimadmm-j", "--head-hidden", "16"), "--head-hidden does not apply to --algo vimadmm-j "
+         "(drop it): its label party's heads are linear", id="vim-head-hidden"),
     Case((*_TRAIN, "--algo", "vimadmm", "--he", "ckks"), "vimadmm cannot run on a sum of the parties' outputs: the "
          "label party needs each party's embedding h^k to step that party's head W_k", id="vim-admm-ckks"),
     Case((*_TRAIN, "--algo", "vimsgd", "--secagg", "mask"), "vimsgd cannot run on a sum of the parties' outputs",
@@ -600,6 +604,41 @@ CASES: list[Case] = [
           "--dp-mechanism", "alibi"), "the vimadmm-j label party sends no gradients", id="vim-joint-dp-alibi"),
     Case(("train", "--dataset", "wine", "--epochs", "2", "--algo", "vimadmm", "--privacy", "dp", "--epsilon", "3",
           "--dp-mechanism", "rr-prior"), "use --dp-mechanism rr", id="vim-admm-dp-rr-prior"),
+    # -- area: every flag applies or is refused (cases added below this line) --
+    Case((*_TRAIN, "--algo", "dlr", "--batch-size", "32"), "--batch-size does not apply to --algo dlr (drop it): it "
+         "learns from one stream sample per round; --samples sets the rounds per epoch", id="dlr-batch-size"),
+    Case((*_TRAIN, "--algo", "dlr", "--lr", "0.1"), "--lr does not apply to --algo dlr (drop it): each party takes "
+         "plain gradient steps of --online-lr", id="dlr-lr"),
+    Case((*_TRAIN, "--algo", "dlr", "--optimizer", "sgd"), "--optimizer does not apply to --algo dlr (drop it)",
+         id="dlr-optimizer"),
+    Case((*_TRAIN, "--algo", "ogd", "--hidden", "32", "--embedding-dim", "8"), "--hidden does not apply to --algo ogd "
+         "(drop it): each party's model is one linear layer -> ReLU of width --online-embedding; --embedding-dim does "
+         "not apply to --algo ogd (drop it): each party's embedding width is --online-embedding", id="ogd-model-widths"),
+    Case((*_TRAIN, "--algo", "eg", "--lr", "0.1", "--batch-size", "32"), "--lr does not apply to --algo eg (drop it): "
+         "its step sizes come from the problem's smoothness; scale them with --saddle-step-mult; --batch-size does not "
+         "apply to --algo eg (drop it): it trains on the full batch (eg: --saddle-batch B", id="eg-lr-batch-size"),
+    Case((*_TRAIN, "--algo", "gd", "--optimizer", "sgd"), "--optimizer does not apply to --algo gd (drop it): --algo "
+         "itself names the method", id="gd-optimizer"),
+    Case((*_TRAIN, "--algo", "admm", "--lr", "0.1"), "--lr does not apply to --algo admm (drop it): its steps follow "
+         "from its penalty --admm-rho", id="admm-lr"),
+    Case((*_TRAIN, "--algo", "eg", "--bottom", "cnn"), "--bottom does not apply to --algo eg (drop it): its model is "
+         "linear", id="eg-bottom"),
+    Case((*_TRAIN, "--algo", "eg-mlp", "--embedding-dim", "8"), "--embedding-dim does not apply to --algo eg-mlp (drop "
+         "it): each party's MLP outputs its share of the logits", id="eg-mlp-embedding-dim"),
+    Case((*_TRAIN, "--algo", "dlr", "--activation", "event:-10"), "--activation event:-10: every party's mean feature "
+         "is above -10 in every training row, so every party is active in every round: that is --activation full; choose "
+         "GAMMA between", id="activation-event-always"),
+    Case((*_TRAIN, "--algo", "dlr", "--activation", "event:5"), "--activation event:5: no party's mean feature is "
+         "above 5 in any training row, so no party would ever be activated", id="activation-event-never"),
+    Case((*_TRAIN, "--algo", "dlr", "--activation", "random:1e-6"), "--activation random:1e-06: a party would be "
+         "activated in 0.0001 of the run's 100 rounds on average", id="activation-random-never"),
+    Case((*_TRAIN, "--algo", "vafl", "--secagg", "mask", "--secagg-frac-bits", "0"), "--secagg-frac-bits must be an "
+         "integer from 16 to 52 (fewer bits round each summed value to within parties x 2^-(F+1)",
+         id="secagg-frac-bits-0"),
+    Case((*_TRAIN, "--algo", "eg", "--saddle-participation", "1e-5"), "--saddle-participation 1e-05: a feature party "
+         "would take part in 0.001 of the run's 100 iterations on average", id="saddle-participation-never"),
+    Case((*_TRAIN, "--algo", "eg", "--saddle-step-mult", "1000", "--out", "{tmp}/r"), "The step size is probably too "
+         "large (--saddle-step-mult 1000) or the data hold huge values", id="eg-diverges-names-its-step"),
     # -- area: federation (cases added below this line) --
     Case(("certs", "--federation", "{tmp}/nope.toml"), "nope.toml does not exist; write one",
          id="certs-federation-missing"),
@@ -660,6 +699,15 @@ CASES: list[Case] = [
     Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s", "--peer-timeout", "-1"),
          "--peer-timeout must be a positive number of seconds", setup=_write("f.toml", _FED_SIM),
          id="party-peer-timeout-negative"),
+    Case(("launch", "--federation", "{tmp}/f.toml", "--party-timeout", "inf"), "--party-timeout must be a positive "
+         "number of seconds, got inf", setup=_write("f.toml", _FED_SIM), id="launch-party-timeout-inf"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s", "--peer-timeout", "nan"),
+         "--peer-timeout must be a positive number of seconds, got nan", setup=_write("f.toml", _FED_SIM),
+         id="party-peer-timeout-nan"),
+    Case(("launch", "--federation", "{tmp}/f.toml", "--party-timeout", "1e12"), "--party-timeout 1e+12: at most "
+         "1e+06 s", setup=_write("f.toml", _FED_SIM), id="launch-party-timeout-huge"),
+    Case(("launch", "--federation", "{tmp}/f.toml", "--heartbeat", "1e-6"), "--heartbeat 1e-06: at least 0.01 s",
+         setup=_write("f.toml", _FED_SIM), id="launch-heartbeat-tiny"),
     Case(("launch", "--federation", "{tmp}/f.toml", "--out", "{tmp}/a", "--resume", "{tmp}/b"),
          "--out and --resume exclude each other", setup=_write("f.toml", _FED_SIM), id="launch-out-and-resume"),
     Case(("launch", "--federation", "{tmp}/nope.toml"), "nope.toml does not exist", id="launch-federation-missing"),

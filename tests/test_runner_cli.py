@@ -362,3 +362,29 @@ def test_a_diverged_run_names_the_step_size_flag_its_algorithm_uses(algo: str, f
     assert name == flag and value > 0
     text = str(_diverged(run.algorithm.step_size(), None, 0, 3, float("nan")))
     assert f"({flag} {value:g})" in text and f"smaller {flag} (e.g. {value / 10:g})" in text
+
+
+def test_a_diverged_run_blames_no_step_size_when_the_data_are_not_finite_or_no_flag_sets_it() -> None:
+    from secvfl.runner import _diverged, _non_finite_inputs, build_run
+
+    run = build_run(TrainConfig(algo="splitnn", dataset="wine", epochs=1, device="cpu"))
+    assert _non_finite_inputs(run) == 0
+    run.ctx.data.X_train[3, 1] = float("inf")  # what a column of +-1e308 becomes once standardised
+    run.ctx.data.X_train[5, 2] = float("nan")
+    cells = _non_finite_inputs(run)
+    assert cells == 2
+    text = str(_diverged(run.algorithm.step_size(), None, 0, 3, float("nan"), cells))
+    assert "2 non-finite value(s)" in text and "--lr" not in text
+    admm = build_run(TrainConfig(algo="admm", dataset="wine", epochs=1, device="cpu"))
+    assert admm.algorithm.step_size() is None
+    text = str(_diverged(admm.algorithm.step_size(), None, 0, None, float("inf")))
+    assert "--lr" not in text and "step sizes follow from the problem" in text
+    eg = build_run(TrainConfig(algo="eg", dataset="wine", epochs=1, device="cpu"))
+    assert eg.algorithm.step_size() == ("--saddle-step-mult", 1.0)
+
+
+def test_an_online_run_names_its_block_score_prequential(tmp_path, capsys) -> None:
+    assert main(["train", "--algo", "dlr", "--dataset", "wine", "--parties", "2", "--epochs", "1", "--no-progress",
+                 "--out", str(tmp_path / "r")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 1/1")]
+    assert len(lines) == 1 and " prequential accuracy " in lines[0] and " val " not in lines[0]

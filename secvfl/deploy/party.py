@@ -21,6 +21,7 @@ A run asking for another is refused before any party trains, with the reason.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -73,14 +74,25 @@ __all__ = ["run_names", "Timeouts", "make_transport", "serve_party", "coordinate
 AGGREGATOR = "aggregator"  # the run name of the CKKS aggregator (protocols.ckks.CKKSAggregation's default)
 
 
+MAX_WAIT = 1e6  # seconds: the longest --party-timeout, --peer-timeout or --heartbeat
+MIN_HEARTBEAT = 0.01  # seconds
+
+
 class Timeouts:
     """How long a party waits: for a message or a connection (``wait``), for the coordinator's next request
     (``idle``), and for a silent peer (``peer``, with ``heartbeat`` the interval of the heartbeats)."""
 
     def __init__(self, wait: float = 300.0, peer: float = 15.0, heartbeat: float = 1.0, idle: float = 3600.0) -> None:
-        for name, value in (("--party-timeout", wait), ("--peer-timeout", peer), ("--heartbeat", heartbeat)):
-            if not value > 0:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value}")
+        for name, value, low in (("--party-timeout", wait, 0.0), ("--peer-timeout", peer, 0.0),
+                                 ("--heartbeat", heartbeat, MIN_HEARTBEAT)):
+            if not (value > 0 and math.isfinite(value)):  # inf: no deadline can be set (timestamps overflow)
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value:g}")
+            if value > MAX_WAIT:
+                raise ConfigError(f"{name} {value:g}: at most {MAX_WAIT:g} s (about 11 days); a party that waits "
+                                  "longer for a peer has lost it")
+            if value < low:
+                raise ConfigError(f"{name} {value:g}: at least {low:g} s (a party sends a heartbeat on every open link "
+                                  "at this interval; shorter ones flood the links)")
         if heartbeat >= peer:
             raise ConfigError(f"--heartbeat {heartbeat:g} must be shorter than --peer-timeout {peer:g} (a peer is "
                               "declared gone after missing several heartbeats)")

@@ -21,7 +21,6 @@ from secvfl.algorithms.base import (
 )
 from secvfl.algorithms.vim.explain import explain_report
 from secvfl.algorithms.vim.options import VIMOptions
-from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError
 from secvfl.handles import FeatureHandle, LabelHandle
 from secvfl.models import make_bottom, output_dim
@@ -44,14 +43,6 @@ def label_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer: 
     return torch.optim.SGD(params, lr=lr, weight_decay=options.vim_beta)
 
 
-def _refuse_core_optimiser_flags(cfg: TrainConfig, algo: str) -> None:
-    given = [flag for flag, name in (("--lr", "lr"), ("--optimizer", "optimizer"), ("--weight-decay", "weight_decay"))
-             if getattr(cfg, name) != getattr(TrainConfig, name)]
-    if given:
-        raise ConfigError(f"{'/'.join(given)} do{'es' * (len(given) == 1)} not apply to --algo {algo}, which trains "
-                          f"with SGD: set its step size with --vim-lr and its L2 weight with --vim-beta")
-
-
 class VIMAlgorithm(FeatureLabelAlgorithm):
     """A VIM algorithm: feature party k runs a bottom model (``--hidden``, output ``--embedding-dim`` = the paper's
     ``d_f``); the prediction is ``sum_k h^k W_k + b``. ``aggregated``: whether the label party receives the sum of
@@ -59,11 +50,16 @@ class VIMAlgorithm(FeatureLabelAlgorithm):
 
     options_type = VIMOptions
     aggregated: ClassVar[bool] = False
+    unused_settings = {
+        "lr": "it trains with SGD at its own step size, --vim-lr",
+        "optimizer": "it trains with SGD (momentum --vim-momentum at the parties); its step size is --vim-lr",
+        "weight_decay": "its L2 weight is --vim-beta",
+        "head_hidden": "its label party's heads are linear, one W_k per party (--embedding-dim sets their input d_f)",
+    }
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         cfg, data, part = ctx.config, ctx.data, ctx.partition
-        _refuse_core_optimiser_flags(cfg, self.name)
         self.options = cfg.options_for(VIMOptions)
         self.lr = self.options.lr_for(self.name)
         self.d_f, self.d_c = cfg.embedding_dim, output_dim(data.n_classes)
