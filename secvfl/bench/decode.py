@@ -141,13 +141,15 @@ def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
     """Encoded messages of every kind, captured at the transport during short real runs: ``corpus_key -> bytes``.
 
     At most ``per_kind`` distinct messages per key, spread over the run (training and evaluation traffic alike)."""
+    from secvfl.algorithms import settings_for
     from secvfl.config import TrainConfig
     from secvfl.runner import run_training
 
     captured: list[bytes] = []
     with _recording(captured):
         for kw in _RUNS:
-            cfg = TrainConfig(**{"parties": 2, "epochs": 1, "batch_size": 32, "seed": 0, "threads": 1, **kw})
+            base = {"parties": 2, "epochs": 1, "seed": 0, "threads": 1, **settings_for(kw["algo"], {"batch_size": 32})}
+            cfg = TrainConfig(**{**base, **kw})
             run_training(cfg, progress=False, log=lambda *a, **k: None)
         _masked_sum_traffic()
         _psi_traffic()
