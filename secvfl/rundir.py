@@ -61,6 +61,11 @@ def _settings(cfg: TrainConfig) -> dict:
     return d
 
 
+# Written while a run is set up, before its config.toml (a deployed label party's row alignment); a run that failed
+# then left nothing else, and starting it again rewrites them.
+_SETUP_FILES = ("alignment.json",)
+
+
 def _flat(settings: dict) -> dict:
     return {**{k: v for k, v in settings.items() if k != "options"}, **settings["options"]}
 
@@ -81,7 +86,8 @@ def check_run_contents(run_dir: Path, cfg: TrainConfig | None = None) -> None:
             except ConfigError:
                 how = "it has finished"
         raise ConfigError(f"--out {run_dir} already holds a run; {how}, or choose another --out")
-    entries = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE and not p.name.startswith(".secvfl-"))
+    entries = sorted(p.name for p in run_dir.iterdir()
+                     if p.name not in (LOCK_FILE, *_SETUP_FILES) and not p.name.startswith(".secvfl-"))
     if not entries:
         return
     if "config.toml" in entries:

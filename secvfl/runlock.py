@@ -30,9 +30,10 @@ LOCK_FILE = ".secvfl.lock"
 class RunLock:
     """An exclusive lock on ``run_dir``, held until :meth:`release` (or the process's end)."""
 
-    def __init__(self, run_dir: Path, fd: int, created: list[Path], resume: str) -> None:
+    def __init__(self, run_dir: Path, fd: int, created: list[Path], resume: str, started: Path | None = None) -> None:
         self.run_dir = run_dir
         self.resume = resume  # the command that continues this run
+        self.started = started or run_dir  # the directory whose config.toml says that the run has started
         self._fd: int | None = fd
         self._created = created  # directories this lock created (deepest first), removed again if left unused
 
@@ -67,9 +68,12 @@ _held: dict[Path, RunLock] = {}
 _interrupted: RunLock | None = None
 
 
-def lock_run_dir(run_dir: Path, resume: str | None = None, *, flag: str = "--out") -> RunLock:
+def lock_run_dir(run_dir: Path, resume: str | None = None, *, flag: str = "--out", started: Path | None = None
+                 ) -> RunLock:
     """Create ``run_dir`` if needed and lock it for this process; a ConfigError naming the holder's process id if
-    another process holds it. ``resume``: the command that continues the run (default ``secvfl train --resume``)."""
+    another process holds it. ``resume``: the command that continues the run (default ``secvfl train --resume``);
+    ``started``: where the run's config.toml appears once it has started (default ``run_dir``; a launch: its label
+    party's directory)."""
     run_dir = Path(run_dir)
     created = []
     folder = run_dir.absolute()
@@ -93,7 +97,7 @@ def lock_run_dir(run_dir: Path, resume: str | None = None, *, flag: str = "--out
                           "choose another directory") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    lock = RunLock(run_dir, fd, created, resume or f"secvfl train --resume {run_dir}")
+    lock = RunLock(run_dir, fd, created, resume or f"secvfl train --resume {run_dir}", started)
     _held[run_dir.absolute()] = lock
     return lock
 
@@ -116,7 +120,7 @@ def interrupted_hint() -> str:
     lock = _interrupted or (held_runs()[-1] if _held else None)
     if lock is None:
         return "interrupted"
-    if not (lock.run_dir / "config.toml").is_file():
+    if not (lock.started / "config.toml").is_file():
         return f"interrupted before the run in {lock.run_dir} started; nothing to continue: run the command again"
     return (f"interrupted; `{lock.resume}` continues the run from its last checkpoint (from its beginning if it had "
             "none yet)")

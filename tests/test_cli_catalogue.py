@@ -46,6 +46,13 @@ def _append(name: str, text: str) -> Callable[[Path], None]:
     return setup
 
 
+def _copy(source: str, target: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        (tmp / target).write_bytes((tmp / source).read_bytes())
+
+    return setup
+
+
 def _all(*setups: Callable[[Path], None]) -> Callable[[Path], None]:
     def setup(tmp: Path) -> None:
         for s in setups:
@@ -699,6 +706,27 @@ CASES: list[Case] = [
     Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s", "--peer-timeout", "-1"),
          "--peer-timeout must be a positive number of seconds", setup=_write("f.toml", _FED_SIM),
          id="party-peer-timeout-negative"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s"), "certs/ca.pem is not a PEM "
+         "certificate (damaged, or another kind of file)", setup=_all(_write("f.toml", _FED_SIM), _certs("f.toml"),
+                                                                       _write("certs/ca.pem", "garbage\n")),
+         id="party-garbage-ca"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s"), "the party key "
+         "{tmp}/certs/shop.key does not belong to the certificate", setup=_all(
+             _write("f.toml", _FED_SIM), _certs("f.toml"), _copy("certs/bank.key", "certs/shop.key")),
+         id="party-key-of-another-party"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "bank", "--out", "{tmp}/b", "--parties", "1"),
+         "column 'age' of the label party's file would not be used: the label party holds only the ids ('id') and "
+         "the labels ('y')", setup=_all(_write("f.toml", _FEDERATION), _write("b.csv", "id,y,age\n1,0,30\n2,1,40\n")),
+         id="party-label-file-with-a-feature-column"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s"), "--out {tmp}/s holds other "
+         "files (notes.txt); a party keeps its state in a directory of its own",
+         setup=_all(_write("f.toml", _FED_SIM), _write("s/notes.txt", "mine")), id="party-out-with-other-files"),
+    Case(("launch", "--resume", "{tmp}/run"), "--resume {tmp}/run: not a launch directory (no launch.toml)",
+         setup=_write("run/label/config.toml", 'dataset = "wine"\n'), id="launch-resume-not-a-launch"),
+    Case(("launch", "--federation", "{tmp}/f.toml", "--out", "{tmp}/o"), "--out {tmp}/o holds other files "
+         "(summary.json); a launch writes one directory per party", setup=_all(_write("f.toml", _FED_SIM),
+                                                                               _write("o/summary.json", "{}")),
+         id="launch-out-with-other-files"),
     Case(("launch", "--federation", "{tmp}/f.toml", "--party-timeout", "inf"), "--party-timeout must be a positive "
          "number of seconds, got inf", setup=_write("f.toml", _FED_SIM), id="launch-party-timeout-inf"),
     Case(("party", "--federation", "{tmp}/f.toml", "--name", "shop", "--out", "{tmp}/s", "--peer-timeout", "nan"),
@@ -757,7 +785,8 @@ def test_bad_input_gets_one_clear_line(case: Case, tmp_path: Path, capsys: pytes
     assert "Traceback" not in out + err
     errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1, f"expected one error line, got: {err!r}"
-    assert case.fragment in errors[0], f"{case.fragment!r} not in {errors[0]!r}"
+    fragment = case.fragment.replace("{tmp}", str(tmp_path))
+    assert fragment in errors[0], f"{fragment!r} not in {errors[0]!r}"
 
 
 def test_catalogue_is_large_enough() -> None:

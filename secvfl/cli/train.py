@@ -154,6 +154,12 @@ def run(args: argparse.Namespace) -> int:
 
     progress = not args.no_progress
     if args.resume is not None:
+        from secvfl.deploy.party import deployed_resume_command
+
+        deployed = deployed_resume_command(args.resume)
+        if deployed is not None:  # its feature parties' states are in their own processes' directories
+            raise ConfigError(f"--resume {args.resume}: this run's parties run in separate processes (it is the label "
+                              f"party's directory of a federation), so it continues with `{deployed}`")
         changes = _resume_changes(args)
         run_training(TrainConfig(), resume=args.resume, from_epoch=args.from_epoch, changes=changes, progress=progress)
         return 0
@@ -197,14 +203,16 @@ def _comparable(value: object) -> object:
     return value
 
 
-def _resume_changes(args: argparse.Namespace) -> dict[str, object]:
-    """The settings a ``--resume`` command line changes; refuses (one line, listing them) all but RESUME_CHANGES."""
+def _resume_changes(args: argparse.Namespace, command: str = "train", local: frozenset[str] = frozenset()
+                    ) -> dict[str, object]:
+    """The settings a ``--resume`` command line changes; refuses (one line, listing them) all but RESUME_CHANGES.
+    ``command``: the subcommand whose flags these are; ``local``: its flags that are no settings of the run."""
     from secvfl.runner import RESUME_CHANGES, load_config_file, read_run_config
 
     run_dir = args.resume
     argv = args._argv
-    given = _given(args._parser, argv[argv.index("train") + 1 :]) - _RUN_LOCAL
-    if args.config is not None:  # the file's settings count as given too
+    given = _given(args._parser, argv[argv.index(command) + 1 :]) - _RUN_LOCAL - local
+    if getattr(args, "config", None) is not None:  # the file's settings count as given too
         values = load_config_file(args.config)
         given |= {k.replace("-", "_") for k in {**values.pop("options", {}), **values}}
     if "out" in given:

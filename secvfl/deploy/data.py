@@ -123,6 +123,13 @@ def read_own_file(spec: DataSpec, party: str) -> OwnFile:
     if absent:
         raise DataError(f"{spec.file}: no column {absent[0]!r} (its columns: {header[:20]}); fix the data table of "
                         f"[parties.{party}] in the federation file")
+    extra = [c for c in header if c not in wanted] if spec.label is not None else []
+    if extra:  # a feature party names its columns; the label party's file would have them silently ignored
+        shown = ", ".join(repr(c) for c in extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        raise DataError(f"{spec.file}: column{'s' * (len(extra) > 1)} {shown} of the label party's file would not be "
+                        f"used: the label party holds only the ids ({spec.id!r}) and the labels ({spec.label!r}), its "
+                        "head has no bottom model for features; remove them from the file, or give them to a feature "
+                        "party (it may run on the same host, on another port)")
     cells = {c: [r[header.index(c)].strip() for r in body] for c in wanted}
     ids = cells[spec.id]
     empty = [i for i, v in enumerate(ids) if not v]

@@ -69,7 +69,8 @@ from secvfl.transport.grpc_link import GrpcTransport, PartyLost, PeerAddress, Tl
 from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
-__all__ = ["run_names", "Timeouts", "make_transport", "serve_party", "coordinate", "AGGREGATOR"]
+__all__ = ["run_names", "Timeouts", "make_transport", "serve_party", "coordinate", "AGGREGATOR", "DEPLOYMENT_FILE",
+           "mark_deployed", "deployed_resume_command"]
 
 AGGREGATOR = "aggregator"  # the run name of the CKKS aggregator (protocols.ckks.CKKSAggregation's default)
 
@@ -259,10 +260,16 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
 # -- the label party: the coordinator ----------------------------------------------------------------------------
 def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, resume: Path | None,
                timeouts: Timeouts, log: Callable[[str], None], progress: bool = False,
-               align_ids: AlignIds | None = None) -> dict[str, Any]:
+               align_ids: AlignIds | None = None, from_epoch: int | None = None,
+               resume_as: str | None = None, changes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train with the feature parties of ``federation`` in their own processes; returns the summary.
     ``align_ids``: the label party's side of the private set intersection, when the parties read their own files
-    (protocols.psi.align_with_peers)."""
+    (protocols.psi.align_with_peers). ``resume_as``: the command that continues this run (every hint names it):
+    ``secvfl launch --resume BASE`` when launched, else this party's ``secvfl party ... --resume DIR`` (default)."""
+    run_dir = resume if resume is not None else out
+    if resume_as is None and run_dir is not None:
+        resume_as = (f"secvfl party --federation {federation.source} --name {federation.label_party} "
+                     f"--resume {run_dir}")
     from secvfl.runner import build_run, run_training
 
     own = _own_file(federation, federation.label_party, align_ids)
@@ -359,7 +366,10 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
                                "frame_bytes_sent_and_received": transport.wire_stats.bytes_total}}
 
     try:
-        return run_training(cfg, out, resume=resume, progress=progress, log=log, build=build, summary_extra=extra)
+        # once the run has started (its config.toml written), its directory records that it is a deployed run
+        mark = (lambda _run: mark_deployed(out, federation, resume_as)) if resume is None and out is not None else None
+        return run_training(cfg, out, resume=resume, from_epoch=from_epoch, changes=changes, progress=progress,
+                            log=log, build=build, summary_extra=extra, resume_as=resume_as, on_build=mark)
     finally:
         for party in started:
             try:
@@ -367,6 +377,37 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
             except (PartyLost, SecvflError):
                 pass  # it is gone already; nothing of it is waited for
         transport.close()
+
+
+DEPLOYMENT_FILE = "deployment.toml"  # in the label party's run directory: how that run continues
+
+
+def mark_deployed(run_dir: Path, federation: Federation, resume_as: str | None) -> None:
+    """Record in the label party's run directory that its parties run in separate processes, and the command that
+    continues the run (``secvfl train --resume`` cannot: the feature parties' states are theirs)."""
+    import tomli_w
+
+    from secvfl.io import write_text_atomic
+
+    record = {"federation": str(Path(federation.source).resolve()), "label_party": federation.label_party,
+              **({"resume": resume_as} if resume_as else {})}
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_text_atomic(Path(run_dir) / DEPLOYMENT_FILE, tomli_w.dumps(record))
+
+
+def deployed_resume_command(run_dir: Path) -> str | None:
+    """The command that continues a deployed label party's run in ``run_dir`` (None: not a deployed run)."""
+    import tomllib
+
+    path = Path(run_dir) / DEPLOYMENT_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        record = {}
+    return str(record.get("resume") or f"secvfl party --federation {record.get('federation', 'FILE')} --name "
+               f"{record.get('label_party', 'LABEL_PARTY')} --resume {run_dir}")
 
 
 def _test_without_departed(algorithm: Any, link: PartyLink, parties: list[str], departed: dict[str, str],

@@ -41,7 +41,9 @@ come on top and are measured by ``secvfl bench transport``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import socket
 import struct
 import threading
 import time
@@ -50,6 +52,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
 
 from secvfl.errors import ConfigError, MessageError, ProtocolError, SecvflError
 from secvfl.transport.base import CommStats, Transport
@@ -91,6 +95,8 @@ class TlsFiles:
     key: Path
 
     def read(self) -> tuple[bytes, bytes, bytes]:
+        """The three files' bytes, once each has been checked to be what it claims: a damaged or swapped file is
+        named here, not later as a TLS failure that gRPC reports as "cannot listen" or a refused handshake."""
         out = []
         for what, path in (("the CA certificate", self.ca), ("the party certificate", self.cert),
                            ("the party key", self.key)):
@@ -99,7 +105,57 @@ class TlsFiles:
             except OSError as exc:
                 raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}; make the certificates with "
                                   "`secvfl certs --federation FILE`") from None
+        _check_tls_files(self, *out)
         return out[0], out[1], out[2]
+
+
+def _check_tls_files(files: TlsFiles, ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> None:
+    """ConfigError naming the file unless the CA and the party certificate are PEM certificates, the key a PEM
+    private key that belongs to the certificate, and the certificate issued by that CA (grpc takes PEM only)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    fix = "make the certificates again with `secvfl certs --federation FILE` (or restore the file)"
+    certs = {}
+    for what, path, data in (("the CA certificate", files.ca, ca_pem), ("the party certificate", files.cert, cert_pem)):
+        try:
+            certs[what] = x509.load_pem_x509_certificate(data)
+        except ValueError:
+            raise ConfigError(f"{what} {path} is not a PEM certificate (damaged, or another kind of file); {fix}"
+                              ) from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise ConfigError(f"the party key {files.key} is not an unencrypted PEM private key (damaged, or another kind "
+                          f"of file); {fix}") from None
+    cert, ca = certs["the party certificate"], certs["the CA certificate"]
+    raw = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*raw) != cert.public_key().public_bytes(*raw):
+        raise ConfigError(f"the party key {files.key} does not belong to the certificate {files.cert}; give each party "
+                          f"its own pair of files; {fix}")
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise ConfigError(f"the party certificate {files.cert} was not issued by the CA certificate {files.ca} (they "
+                          f"come from different runs of `secvfl certs`); {fix}") from None
+
+
+def check_port_free(address: str, party: str) -> None:
+    """One clear line, at once, when ``address`` (host:port, [v6]:port) cannot be listened on by this process."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as gRPC binds: connections of an earlier run left in TIME_WAIT do not block it, a listener does
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            why = {errno.EADDRINUSE: "the port is in use by another process",
+                   errno.EADDRNOTAVAIL: "that address is not one of this host's",
+                   errno.EACCES: "this process may not use that port"}.get(exc.errno, exc.strerror or str(exc))
+            raise ConfigError(f"party {party} cannot listen on {address}: {why}; free the port or change its "
+                              "address in the federation file") from None
 
 
 def _frame(kind_or_name: str, ftype: int, seq: int = 0, index: int = 0, count: int = 1, payload: bytes = b""
@@ -395,6 +451,7 @@ class GrpcTransport(Transport):
         self.waited_seconds = 0.0  # time spent in take() waiting for messages (where a party's time goes)
         self._log = log or (lambda _: None)
         self._ca, self._cert, self._key = tls.read()
+        check_port_free(local.address, local.name)
         self._verify = verify
         self._inbox: deque[tuple[str, str, bytes]] = deque()
         self._arrived = threading.Condition()
