@@ -151,7 +151,8 @@ def test_the_summary_and_statement_give_epsilon_per_stream_sample_however_long_t
     # 180 samples of wine at epsilon 1 stay near chance; the advice fits a stream (no other mechanism applies)
     assert "learn from a longer stream" in privacy["utility_warning"]
     text = (tmp_path / "run/PRIVACY.md").read_text()
-    assert "## What epsilon means on a stream" in text and statement in text
+    assert "## What epsilon means on a stream" in text and statement.split(" What this means: ")[0] in text
+    assert text.count("## What this means") == 1 and "What this means:" not in text  # said once, in its section
     ledger = json.loads((tmp_path / "run/parties/label/dp-ledger.json").read_text())
     assert [(e["release"], e["epoch"]) for e in ledger["entries"]] == [("block", 0), ("block", 1), ("block", 2)]
 
