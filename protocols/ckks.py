@@ -62,7 +62,7 @@ fewer bytes and less time than with TenSEAL's real-only vectors at the first dat
 computation"). Parameters are checked against the HomomorphicEncryption.org standard's 128-bit table (total
 coefficient-modulus bits per N) and for precision: a decrypted sum over ``K`` parties is within
 ``K * error_bound_per_party`` of the exact sum (a high-probability bound on encryption and modulus-switch noise, Kim
-et al.; measured errors stay well below it: BENCHMARKS.md, "CKKS precision"), before the cast to the input dtype.
+et al.; measured errors stay well below it: BENCHMARKS.md, "Secure aggregation: CKKS and masking", "Precision"), before the cast to the input dtype.
 Values must stay below ``max_abs_sum / K`` per party so the sum cannot wrap around the wire modulus (2^18 for the
 defaults); larger (or non-finite) values are refused before anything is encrypted.
 

@@ -81,8 +81,8 @@ VERSION = 1
 _PREFIX = struct.Struct("<4sBI")
 
 # Limits of what decode accepts (encode refuses the same). The header bound leaves room for a meta list of ~500k
-# row ids (the largest real headers name a batch's rows); one that size still parses in milliseconds (BENCHMARKS.md,
-# "Wire decoding").
+# row ids (the largest real headers name a batch's rows); one that size still parses in milliseconds
+# (BENCHMARKS.md, "Wire format").
 MAX_HEADER_BYTES = 4 << 20
 MAX_NAME_CHARS = 256  # sender, receiver, tensor, blob names and meta keys
 MAX_KIND_CHARS = 64

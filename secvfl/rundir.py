@@ -70,19 +70,24 @@ def _flat(settings: dict) -> dict:
     return {**{k: v for k, v in settings.items() if k != "options"}, **settings["options"]}
 
 
-def check_run_contents(run_dir: Path, cfg: TrainConfig | None = None) -> None:
+def check_run_contents(run_dir: Path, cfg: TrainConfig | None = None, resume: str | None = None) -> None:
     """Refuse to start a run in ``run_dir`` unless it is new, empty, or holds this very run (``cfg``) stopped before
-    its first checkpoint. A run never writes into a directory that holds other files, nor over another run."""
+    its first checkpoint. A run never writes into a directory that holds other files, nor over another run.
+    ``resume``: the command that continues a run there, for the hints (default: :func:`secvfl.runlock.resume_command`)."""
     if not run_dir.is_dir():
         return
+
+    def continuing(*flags: str) -> str:  # the command that continues the run in run_dir
+        return " ".join([resume, *flags]) if resume else resume_command(run_dir, *flags)
+
     if has_checkpoint(run_dir):
-        how = f"continue it with `{resume_command(run_dir)}`"
+        how = f"continue it with `{continuing()}`"
         if (run_dir / "summary.json").is_file():
             from secvfl.runner import read_run_config  # (the runner imports this module)
 
             try:
                 epochs = read_run_config(run_dir).epochs
-                how = f"it has finished; train it longer with `{resume_command(run_dir, '--epochs', str(2 * epochs))}`"
+                how = f"it has finished; train it longer with `{continuing('--epochs', str(2 * epochs))}`"
             except ConfigError:
                 how = "it has finished"
         raise ConfigError(f"--out {run_dir} already holds a run; {how}, or choose another --out")
@@ -104,18 +109,18 @@ def check_run_contents(run_dir: Path, cfg: TrainConfig | None = None) -> None:
             changed = ", ".join(f"--{k.replace('_', '-')} {b.get(k)!r} (it has {a.get(k)!r})"
                                 for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k))
             raise ConfigError(f"--out {run_dir} holds a run with other settings ({changed}); continue that run with "
-                              f"`{resume_command(run_dir)}`, or choose another --out")
+                              f"`{continuing()}`, or choose another --out")
     shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
     raise ConfigError(f"--out {run_dir} is not empty ({shown}) and holds no run of these settings; a run never writes "
                       "into a directory that holds other files: choose a new or empty directory")
 
 
-def check_out_dir(run_dir: Path, cfg: TrainConfig | None = None) -> None:
+def check_out_dir(run_dir: Path, cfg: TrainConfig | None = None, resume: str | None = None) -> None:
     """Refuse, before any data is loaded, a run directory that cannot be created or written, or that holds anything
     but this run (:func:`check_run_contents`)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--out {run_dir} is an existing file; name a directory (it is created if needed)")
-    check_run_contents(run_dir, cfg)
+    check_run_contents(run_dir, cfg, resume)
     existing = run_dir.absolute()
     while not existing.exists():
         existing = existing.parent

@@ -13,7 +13,7 @@ peers. The loop also sends anything left held at each heartbeat check, so nothin
 the party does. Why: each gRPC message costs hand-offs between threads and a wake-up at the receiver, whatever its
 size, and a training step sends one peer several messages without waiting in between (a gradient, the backward
 request, the next forward request). Measured on MNIST split-NN with 4 feature parties (``secvfl bench transport``,
-BENCHMARKS.md, session 9): against the synchronous grpcio streams this replaced, 15 % less CPU in all processes
+BENCHMARKS.md, "Parties in separate processes"): against the synchronous grpcio streams this replaced, 15 % less CPU in all processes
 and 28 % less in the label party's.
 
 Who is at the other end: every connection is mutual TLS with the federation's CA as the only root (grpcio's TLS

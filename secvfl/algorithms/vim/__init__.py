@@ -26,7 +26,7 @@ it up to M times (parallel multi-block ADMM); with many parties and a step size 
 vimadmm diverges. ``--vim-prox C`` adds the proximal Jacobian term ``gamma/2 ||o^k - o^k_0||^2``, gamma = C (M - 1)
 rho, to each party's local objective (Deng et al. 2017), and the local steps restart their momentum when their
 objective rises and halve the step when it more than doubles (:class:`.parties.ADMMFeatureParty`). ``secvfl
-reproduce vim`` (14 parties) uses C = 0.3 for vimadmm; BENCHMARKS.md "Stabilising VIMADMM" has the measurements. ``--lr``, ``--optimizer`` and ``--weight-decay`` do not apply (refused). The batch size stays
+reproduce vim`` (14 parties) uses C = 0.3 for vimadmm; the git history of BENCHMARKS.md ("Stabilising VIMADMM") has the measurements. ``--lr``, ``--optimizer`` and ``--weight-decay`` do not apply (refused). The batch size stays
 the CLI's (``--batch-size``, 64); the paper uses 1024 (``--batch-size 1024``).
 
 State. The label party keeps one dual ``lambda_j`` (``d_c`` values) per training row, checkpointed with it (``z_j`` is

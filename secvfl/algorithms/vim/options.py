@@ -19,7 +19,7 @@ __all__ = ["VIMOptions", "DEFAULT_LR", "DEFAULT_RHO", "ADMM_ALGOS"]
 ADMM_ALGOS = ("vimadmm", "vimadmm-j")
 # One step size for the label party's SGD and the parties' SGD with momentum. vimsgd: the paper's (Table 1, MNIST).
 # ADMM methods: the paper's 0.05 made the tau local steps diverge on MNIST in the first epoch here (batch 64 and 1024),
-# so did 0.02 at batch 64; 0.01 trains (MNIST 0.954 after one epoch; BENCHMARKS.md "VIM (issue 16)").
+# so did 0.02 at batch 64; 0.01 trains (MNIST 0.954 after one epoch; BENCHMARKS.md "VIM", "At the CLI's defaults").
 DEFAULT_LR = {"vimsgd": 0.3, "vimadmm": 0.01, "vimadmm-j": 0.01}
 DEFAULT_RHO = {"vimadmm": 2.0, "vimadmm-j": 0.5}
 

@@ -203,7 +203,7 @@ class ADMMLabelParty(LabelParty):
     eq. 8 holds the other heads: party k's block (W_k, theta_k) is then stepped against the others' round-start
     outputs. With ``"new-heads"`` the starting gradient of every party's eq. 10 also holds ``rho sum_i h^i (W_i^{t+1}
     - W_i^t)``, the move of all 14 heads together, and on MNIST (14 parties, eta 0.05-0.1) the rounds blow up within
-    the first epoch; with ``"round-start"`` they train (BENCHMARKS.md "VIMADMM: the residual")."""
+    the first epoch; with ``"round-start"`` they train (the git history of BENCHMARKS.md, "VIMADMM: the residual")."""
 
     def __init__(self, name: str, labels: dict[str, np.ndarray], head: nn.Module,
                  optimizer: torch.optim.Optimizer | None, n_classes: int, *, outputs: int, rho: float, tol: float,
