@@ -49,6 +49,7 @@ from secvfl.algorithms.base import batch_ids
 from secvfl.cli.main import main
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError, UnsupportedError
+from secvfl.runlock import LOCK_FILE
 from secvfl.runner import KILL_AT_BATCH_ENV, run_training
 
 BATCH = 64
@@ -117,7 +118,9 @@ def privacy(run: Path) -> dict:
 
 
 def snapshot(run: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    # (the run's lock file names the process holding it: each new process writes its id there)
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()
+            and p.name != LOCK_FILE}
 
 
 def check_reported(run: Path, processes: list[Process], per_epoch: int) -> None:

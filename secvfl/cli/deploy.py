@@ -7,7 +7,9 @@
 
 The label party's command carries the training settings (the `secvfl train` flags) and proposes them to the feature
 parties; a feature party's command takes only where it is and where it keeps its state. An interrupted run
-continues with `--resume DIR` on every party (each its own directory).
+continues with `--resume DIR` on every party (each its own directory); a launched one with `secvfl launch --resume RUN`
+(the launch directory records its federation file). `secvfl launch` stops every party as soon as one fails, and that
+party's error is the first error line.
 """
 
 from __future__ import annotations
