@@ -169,11 +169,11 @@ def test_kill_before_the_first_checkpoint_then_a_new_run_in_that_directory(tmp_p
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     run, argv = tmp_path / "run", [*COMMON, "--epochs", "2", *GRADIENT]
     killed(argv, run, at_batch=3)
-    code, error = train(["--resume", str(run), "--no-progress"], capsys)
-    assert code == 2 and "no checkpoint yet" in error
-    code, error = train([*argv, "--out", str(run)], capsys)  # what that message suggests: start afresh there
+    code, error = train(["--resume", str(run), "--no-progress"], capsys)  # resumes from the beginning, charged
+    assert code == 2 and TOO_MUCH in error and "epoch 1 released 2 times" in error and "remove" not in error
+    code, error = train([*argv, "--out", str(run)], capsys)  # the same run started again there: charged the same
     assert code == 2 and TOO_MUCH in error and "epoch 1 released 2 times" in error
-    code, error = train([*argv, "--out", str(run), "--dp-accept-epsilon", "4"], capsys)
+    code, error = train(["--resume", str(run), "--no-progress", "--dp-accept-epsilon", "4"], capsys)
     assert code == 0, error
     check_reported(run, [Process(0, 3), Process(0, 14)], 1)
 
