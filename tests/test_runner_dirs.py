@@ -43,15 +43,19 @@ def test_out_refuses_a_directory_that_holds_other_files_and_leaves_them_as_they_
 
 def test_out_refuses_a_run_of_other_settings_and_accepts_the_same_run_stopped_before_its_first_checkpoint(
         tmp_path, capsys) -> None:
+    for name in ("run", "same"):  # runs stopped before their first checkpoint
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 1\nlr = 0.01\n')
     run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 1\nlr = 0.01\n')
     assert _train(*_WINE, "--epochs", "1", "--out", run) == 2
     line = _error(capsys)
     assert "holds a run with other settings (--lr 0.001 (it has 0.01))" in line
-    assert f"`secvfl train --resume {run}`" in line
-    assert _train(*_WINE, "--epochs", "1", "--lr", "0.01", "--out", run) == 0  # the same run: it starts again
+    hint = line.split("`")[1]
+    assert hint == f"secvfl train --resume {run}" and main(hint.split()[1:]) == 0  # the hint runs as printed
     assert json.loads((run / "summary.json").read_text())["epochs"] == 1
+    same = tmp_path / "same"
+    assert _train(*_WINE, "--epochs", "1", "--lr", "0.01", "--out", same) == 0  # the same run: it starts again
+    assert json.loads((same / "summary.json").read_text())["epochs"] == 1
 
 
 def test_resume_on_a_directory_that_is_not_a_run_never_suggests_writing_into_it(tmp_path, capsys) -> None:
