@@ -21,6 +21,7 @@ SUBCOMMANDS = [
     "secvfl.cli.align",
     "secvfl.cli.certs",
     "secvfl.cli.deploy",
+    "secvfl.cli.serve",
 ]
 
 
