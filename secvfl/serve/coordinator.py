@@ -58,6 +58,11 @@ from secvfl.transport.grpc_link import PartyLost
 __all__ = ["Coordinator", "Scored", "ServeLimits"]
 
 
+def _reason(exc: PartyLost) -> str:
+    """Why a party is gone, without the training advice (--resume) the transport's message ends with."""
+    return str(exc).split("; restart it and continue", 1)[0]
+
+
 @dataclass(frozen=True)
 class ServeLimits:
     """Every bound of the serving endpoint (flags of `secvfl serve`)."""
@@ -166,6 +171,14 @@ class Coordinator:
     def _call(self, party: str, call: Call) -> None:
         self.transport.put_control(self.me, party, SERVE_CALL, encode(call_message(self.me, party, call)))
 
+    def _flush(self) -> None:
+        """Send the calls held for every party; a party found gone on the way is marked (the others get theirs)."""
+        try:
+            self.transport.flush()
+        except PartyLost as exc:
+            self.gone.setdefault(exc.party, _reason(exc))
+            self.log(f"{self.names.get(exc.party, exc.party)} is gone: {_reason(exc)}")
+
     def _next(self) -> int:
         self.request += 1
         return self.request
@@ -245,8 +258,8 @@ class Coordinator:
                 if strict:
                     raise
                 if time.monotonic() < deadline - 1e-3:  # not a timeout: the party is gone
-                    self.gone.setdefault(party, str(exc))
-                    self.log(f"{self.names[party]} is gone: {exc}")
+                    self.gone.setdefault(party, _reason(exc))
+                    self.log(f"{self.names[party]} is gone: {_reason(exc)}")
                     return Answer("embed", request, error=f"party {self.names[party]} is gone"), None
                 return Answer("embed", request, error=f"party {self.names[party]} did not answer within the deadline "
                                                       f"({self.limits.deadline_ms:g} ms)"), None
@@ -294,8 +307,8 @@ class Coordinator:
             return self._score_laser(list(ids), deadline, deadline_s) if self.laser else \
                 self._score_split(list(ids), deadline)
         except PartyLost as exc:  # a party lost while its output was being taken
-            self.gone.setdefault(exc.party, str(exc))
-            self.log(f"{self.names.get(exc.party, exc.party)} is gone: {exc}")
+            self.gone.setdefault(exc.party, _reason(exc))
+            self.log(f"{self.names.get(exc.party, exc.party)} is gone: {_reason(exc)}")
             return Scored.failed(len(ids), len(self.classes), f"party {self.names.get(exc.party, exc.party)} is gone")
 
     def _held(self, answers: dict[str, Answer], n: int) -> dict[str, np.ndarray]:
@@ -323,8 +336,8 @@ class Coordinator:
             try:
                 self._call(p, Call("embed", r, step=r, ids=ids, budget_ms=budget))
             except PartyLost as exc:
-                self.gone.setdefault(p, str(exc))
-        self.transport.flush()
+                self.gone.setdefault(p, _reason(exc))
+        self._flush()
         answers: dict[str, Answer] = {}
         errors: dict[str, str] = {}
         for p in self.parties:
@@ -391,8 +404,8 @@ class Coordinator:
             try:
                 self._call(p, Call("represent", r, step=r, ids=ids, budget_ms=budget))
             except PartyLost as exc:
-                self.gone.setdefault(p, str(exc))
-        self.transport.flush()
+                self.gone.setdefault(p, _reason(exc))
+        self._flush()
         answers, reasons = {}, {}
         for p in live:
             if p in self.gone:
@@ -430,8 +443,8 @@ class Coordinator:
             try:
                 self._call(p, Call("predict", r, step=r, groups=mine, budget_ms=deadline_s * 1000))
             except PartyLost as exc:
-                self.gone.setdefault(p, str(exc))
-        self.transport.flush()
+                self.gone.setdefault(p, _reason(exc))
+        self._flush()
         results: dict[str, tuple[Answer, Any]] = {}
         for p in involved:
             if p not in self.gone:

@@ -231,16 +231,25 @@ class _FeatureServer:
                     or max(group.members) >= len(names):
                 raise ProtocolError(f"group {group.index} of request {call.request} is not one this party can "
                                     "predict (it must hold every id of it, and be one of its members)")
+        tensors: dict[str, torch.Tensor] = {}
+        failed: dict[str, str] = {}
         for group in call.groups:  # every peer of every group gets this party's representation first
             rows = torch.as_tensor(group.rows, device=rep.device)
             for k in group.members:
-                if k != me:
+                if k == me:
+                    continue
+                try:
                     self.net.send(Message(SERVE_OUTPUT, self.me, names[k], call.step, {"embedding": rep[rows].cpu()},
                                           meta={"request": call.request, "group": group.index}))
-        self.transport.flush()
-        tensors: dict[str, torch.Tensor] = {}
-        failed: dict[str, str] = {}
+                except PartyLost as exc:  # the peer left: this group fails, the others go on
+                    failed[str(group.index)] = f"{names[k]}: {exc}"
+        try:
+            self.transport.flush()
+        except PartyLost:
+            pass  # a peer that left: its groups fail below, when its representation does not come
         for group in call.groups:
+            if str(group.index) in failed:
+                continue
             rows = torch.as_tensor(group.rows, device=rep.device)
             parts, lost = [], None
             for k in group.members:
