@@ -492,7 +492,8 @@ def _demo(tmp: Path, dataset: str, *, aggregator: bool = False) -> Path:
 @pytest.fixture(scope="module")
 def served_splitnn(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     demo = _demo(tmp_path_factory.mktemp("splitnn"), "breast_cancer")
-    _launch(demo / "federation.toml", demo / "run", "--algo", "splitnn", "--parties", "2", "--epochs", "2")
+    _launch(demo / "federation.toml", demo / "run", "--algo", "splitnn", "--parties", "2", "--epochs", "2",
+            "--secure-channel")
     served = Served(demo, demo / "run", "--max-ids", "64", "--deadline-ms", "20000")
     yield served
     served.close()
@@ -531,6 +532,8 @@ def test_served_splitnn_equals_secvfl_predict_and_names_the_party_that_lacks_an_
                                                                                     tmp_path: Path) -> None:
     got = _check_equal(served_splitnn, tmp_path)
     assert {g["contributors"] for g in got.values()} == {"party0,party1"}
+    status, body = served_splitnn.get("/v2/models/demo")  # every output reached the label party sealed
+    assert status == 200 and body["parameters"]["protocols"] == ["channel"]
     # an id the label party and party1 hold but party0 lacks (the demo files leave a few out at each party)
     _, rows0 = _read_csv(served_splitnn.demo / "party0.csv")
     _, rows1 = _read_csv(served_splitnn.demo / "party1.csv")
@@ -635,3 +638,39 @@ def test_laser_answers_every_request_when_a_party_stops_mid_load(served_laser: S
     assert status == 200 and set(o["contributors"]) == {"party0"} and set(o["predictors"]) == {"party0"}
     np.testing.assert_allclose(o["proba"], np.stack([expected[i] for i in ids]), rtol=0, atol=1e-6)
     assert "party1 is gone" in s.log("label")
+
+
+def _readme_block(heading: str) -> str:
+    from conftest import REPO
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index(heading):]
+    start = section.index("```bash\n") + len("```bash\n")
+    return section[start:section.index("```", start)]
+
+
+@pytest.mark.slow
+def test_the_readme_serving_section_runs_as_printed(tmp_path: Path) -> None:
+    block = _readme_block("## Serving a trained federation")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.Popen(["bash", "-e", "-c", block], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # anything the block left behind
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, err[-3000:]
+    lines = out.strip().splitlines()
+    assert lines[0] == '{"ready":true}', out
+    body = json.loads(lines[1])
+    o = outputs(body)
+    assert body["model_name"] == "demo" and body["parameters"]["classes"] == ["benign", "malignant"]
+    assert o["error"] == ["", ""] and o["contributors"] == ["party0,party1"] * 2
+    assert np.allclose(o["proba"].sum(axis=1), 1.0, atol=1e-6)
+    assert o["predicted_class"] == [["benign", "malignant"][int(k)] for k in np.argmax(o["proba"], axis=1)]

@@ -58,6 +58,9 @@ from secvfl.transport.grpc_link import PartyLost
 __all__ = ["Coordinator", "Scored", "ServeLimits"]
 
 
+_MAX_PENDING_ROUNDS = 32  # abandoned secure-sum rounds kept for their late answers
+
+
 def _reason(exc: PartyLost) -> str:
     """Why a party is gone, without the training advice (--resume) the transport's message ends with."""
     return str(exc).split("; restart it and continue", 1)[0]
@@ -350,6 +353,9 @@ class Coordinator:
                     self.broken = ("the secure sum lost step with the parties (" + "; ".join(errors.values()) +
                                    "); restart every serving process")
                 self.pending_rounds.append((r, {p for p in errors if p not in self.gone}))
+                if len(self.pending_rounds) > _MAX_PENDING_ROUNDS:
+                    self.broken = (f"{len(self.pending_rounds)} requests in a row missed their deadline at a party; the "
+                                   "secure sum stops here: restart every serving process (or raise --deadline-ms)")
             else:
                 for p in answers:  # their outputs of this abandoned request: off the network
                     self.net.receive(self.me, kind=SERVE_OUTPUT, sender=p)
