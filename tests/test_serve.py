@@ -533,7 +533,7 @@ def test_served_splitnn_equals_secvfl_predict_and_names_the_party_that_lacks_an_
     got = _check_equal(served_splitnn, tmp_path)
     assert {g["contributors"] for g in got.values()} == {"party0,party1"}
     status, body = served_splitnn.get("/v2/models/demo")  # every output reached the label party sealed
-    assert status == 200 and body["parameters"]["protocols"] == ["channel"]
+    assert status == 200 and body["parameters"]["protocols"] == ["secure-channel"]
     # an id the label party and party1 hold but party0 lacks (the demo files leave a few out at each party)
     _, rows0 = _read_csv(served_splitnn.demo / "party0.csv")
     _, rows1 = _read_csv(served_splitnn.demo / "party1.csv")

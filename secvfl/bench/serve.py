@@ -54,7 +54,8 @@ class _Federation:
         self.procs: list[subprocess.Popen] = []
         names = [p.name for p in federation.parties if p.name != federation.label_party]
         self.logs = []
-        for name in [*names, federation.label_party]:
+        self.names = [*names, federation.label_party]
+        for name in self.names:
             cmd = [sys.executable, "-m", "secvfl.cli.main", "serve", "--federation", str(demo / "federation.toml"),
                    "--name", name, "--run", str(run / name)]
             if name == federation.label_party:
@@ -85,6 +86,18 @@ class _Federation:
                 pass
             time.sleep(0.3)
         raise ConfigError(f"the served federation was not ready within {timeout:g} s")
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system, every thread) of each serving process so far, from /proc."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for name, proc in zip(self.names, self.procs, strict=True):
+            try:
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                out[name] = (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, IndexError, ValueError):
+                out[name] = float("nan")
+        return out
 
     def get(self, path: str) -> dict:
         import http.client
@@ -245,7 +258,9 @@ class ServeBench:
                 for clients in args.clients:
                     per_client = max(8, args.requests // clients)
                     before = served.get("/v2/models/demo/stats")
+                    cpu0, own0 = served.cpu_seconds(), time.process_time()
                     got, wall = _load(port, ctx, bodies, clients, per_client)
+                    cpu1, own1 = served.cpu_seconds(), time.process_time()
                     after = served.get("/v2/models/demo/stats")
                     latencies = [t for t, status in got if status == 200]
                     batches = after["batches"] - before["batches"]
@@ -259,6 +274,10 @@ class ServeBench:
                         "mean_score_ms": round((after["score_seconds"] - before["score_seconds"]) / batches * 1000, 2)
                         if batches else 0.0,
                         "seconds": round(wall, 2),
+                        # CPU per request of each process (the load generator is this process): with 2 cores, their
+                        # sum bounds requests/s at 2 / sum whatever the batching
+                        "cpu_ms_per_request": {**{k: round((cpu1[k] - cpu0[k]) / len(got) * 1000, 3) for k in cpu0},
+                                               "load-generator": round((own1 - own0) / len(got) * 1000, 3)},
                     }
                 result["served"] = runs
             finally:
