@@ -41,7 +41,7 @@ def _secvfl(*args: str) -> list[str]:
 
 def _launch(fed: Path, out: Path, *args: str, timeout: float = 400) -> None:
     done = subprocess.run(_secvfl("launch", "--federation", str(fed), "--out", str(out), "--threads", "1",
-                                  "--party-timeout", "120", "--no-progress", *args),
+                                  "--party-timeout", "120", "--heartbeat", "0.5", "--no-progress", *args),
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -73,7 +73,7 @@ class Served:
         names = [p.name for p in self.federation.parties if p.name != self.federation.label_party]
         for name in [*names, self.federation.label_party]:
             args = ["serve", "--federation", str(demo / "federation.toml"), "--name", name, "--run", str(run / name),
-                    "--party-timeout", "120", "--peer-timeout", "5"]
+                    "--party-timeout", "120", "--peer-timeout", "5", "--heartbeat", "0.5"]
             if name == self.federation.label_party:
                 args += ["--http", f"127.0.0.1:{self.port}", *extra]
             self.logs[name] = run / f"serve-{name}.log"
@@ -667,8 +667,8 @@ def test_the_readme_serving_section_runs_as_printed(tmp_path: Path) -> None:
             pass
     assert proc.returncode == 0, err[-3000:]
     lines = out.strip().splitlines()
-    assert lines[0] == '{"ready":true}', out
-    body = json.loads(lines[1])
+    assert lines[0].startswith("wrote ") and '{"ready":true}' in lines, out
+    body = json.loads(lines[lines.index('{"ready":true}') + 1])
     o = outputs(body)
     assert body["model_name"] == "demo" and body["parameters"]["classes"] == ["benign", "malignant"]
     assert o["error"] == ["", ""] and o["contributors"] == ["party0,party1"] * 2
