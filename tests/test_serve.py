@@ -667,7 +667,7 @@ def test_the_readme_serving_section_runs_as_printed(tmp_path: Path) -> None:
             pass
     assert proc.returncode == 0, err[-3000:]
     lines = out.strip().splitlines()
-    assert lines[0].startswith("wrote ") and '{"ready":true}' in lines, out
+    assert lines[0].startswith("wrote ") and lines[1] == '{"ready":true}', out
     body = json.loads(lines[lines.index('{"ready":true}') + 1])
     o = outputs(body)
     assert body["model_name"] == "demo" and body["parameters"]["classes"] == ["benign", "malignant"]
