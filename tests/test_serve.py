@@ -672,5 +672,6 @@ def test_the_readme_serving_section_runs_as_printed(tmp_path: Path) -> None:
     o = outputs(body)
     assert body["model_name"] == "demo" and body["parameters"]["classes"] == ["benign", "malignant"]
     assert o["error"] == ["", ""] and o["contributors"] == ["party0,party1"] * 2
+    assert o["predicted_class"] == ["malignant", "benign"]  # c00001 and c00019 in the dataset
     assert np.allclose(o["proba"].sum(axis=1), 1.0, atol=1e-6)
     assert o["predicted_class"] == [["benign", "malignant"][int(k)] for k in np.argmax(o["proba"], axis=1)]
