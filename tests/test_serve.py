@@ -675,3 +675,17 @@ def test_the_readme_serving_section_runs_as_printed(tmp_path: Path) -> None:
     assert o["predicted_class"] == ["malignant", "benign"]  # c00001 and c00019 in the dataset
     assert np.allclose(o["proba"].sum(axis=1), 1.0, atol=1e-6)
     assert o["predicted_class"] == [["benign", "malignant"][int(k)] for k in np.argmax(o["proba"], axis=1)]
+
+
+def test_bench_serve_percentiles_are_nearest_rank() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from secvfl.bench.serve import percentile
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=50), st.sampled_from([1, 50, 99, 100]))
+    def check(values: list[float], q: int) -> None:
+        assert percentile(values, q) == np.percentile(values, q, method="inverted_cdf")
+
+    check()
