@@ -31,6 +31,7 @@ import torch
 
 from secvfl.errors import ConfigError, MessageError
 from secvfl.messages import Message, decode, encode
+from secvfl.serve.local import LocalServing
 
 # -- helpers: a federation of files, its training, its serving processes, the in-process reference ----------------
 
@@ -59,59 +60,17 @@ def _client_context(demo: Path, *, with_cert: bool = True) -> ssl.SSLContext:
     return ctx
 
 
-class Served:
-    """The serving processes of one trained run: every feature party (and aggregator), then the label party."""
+class Served(LocalServing):
+    """The serving processes of one trained run (secvfl.serve.local), with the requests the tests make."""
 
     def __init__(self, demo: Path, run: Path, *extra: str) -> None:
-        from secvfl.federation import load_federation
-
-        self.demo, self.run = demo, run
-        self.federation = load_federation(demo / "federation.toml")
-        self.port = _free_port()
-        self.logs: dict[str, Path] = {}
-        self.procs: dict[str, subprocess.Popen] = {}
-        names = [p.name for p in self.federation.parties if p.name != self.federation.label_party]
-        for name in [*names, self.federation.label_party]:
-            args = ["serve", "--federation", str(demo / "federation.toml"), "--name", name, "--run", str(run / name),
-                    "--party-timeout", "120", "--peer-timeout", "5", "--heartbeat", "0.5"]
-            if name == self.federation.label_party:
-                args += ["--http", f"127.0.0.1:{self.port}", *extra]
-            self.logs[name] = run / f"serve-{name}.log"
-            with self.logs[name].open("w") as log:
-                self.procs[name] = subprocess.Popen(_secvfl(*args), stdout=log, stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
-        self.wait_ready()
-
-    def log(self, name: str) -> str:
-        return self.logs[name].read_text()
-
-    def connection(self, *, with_cert: bool = True) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection("127.0.0.1", self.port, context=_client_context(self.demo,
-                                                                                          with_cert=with_cert),
-                                           timeout=60)
-
-    def wait_ready(self, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for name, proc in self.procs.items():
-                assert proc.poll() is None, f"{name} stopped:\n{self.log(name)[-3000:]}"
-            try:
-                status, _ = self.get("/v2/health/ready")
-                if status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"not ready in {timeout} s:\n" + "\n".join(self.log(n)[-1500:] for n in self.procs))
-
-    def get(self, path: str) -> tuple[int, dict]:
-        conn = self.connection()
+        super().__init__(demo, run, port=_free_port(), extra=extra,
+                         party_flags=["--party-timeout", "120", "--peer-timeout", "5", "--heartbeat", "0.5"])
         try:
-            conn.request("GET", path)
-            r = conn.getresponse()
-            return r.status, json.loads(r.read() or b"{}")
-        finally:
-            conn.close()
+            self.wait_ready(timeout=240)
+        except ConfigError:
+            self.close()
+            raise
 
     def post(self, path: str, body: bytes, conn: http.client.HTTPSConnection | None = None) -> tuple[int, dict]:
         own = conn is None
@@ -131,23 +90,8 @@ class Served:
             body["parameters"] = params
         return self.post("/v2/models/demo/infer", json.dumps(body).encode(), conn)
 
-    def stop(self, name: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=30)
-
     def close(self) -> None:
-        for name in [self.federation.label_party, *self.procs]:
-            proc = self.procs[name]
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        self.stop()
 
 
 def outputs(body: dict) -> dict[str, object]:
@@ -628,7 +572,7 @@ def test_laser_answers_every_request_when_a_party_stops_mid_load(served_laser: S
     while len(results) < 10:
         time.sleep(0.02)
     killed = time.monotonic()
-    s.stop("party1")
+    s.kill("party1")
     client.join(timeout=300)
     assert len(results) == 80
     assert all(status == 200 and not any(outputs(body)["error"]) for _, status, body in results)

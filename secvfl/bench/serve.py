@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import ssl
 import statistics
 import subprocess
@@ -41,83 +40,6 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, int(np.ceil(q / 100 * len(ordered))) - 1))
     return ordered[k]
-
-
-class _Federation:
-    """The serving processes of a trained run, started here and stopped by their process ids."""
-
-    def __init__(self, demo: Path, run: Path, port: int, extra: list[str]) -> None:
-        from secvfl.federation import load_federation
-
-        self.demo, self.port = demo, port
-        federation = load_federation(demo / "federation.toml")
-        self.procs: list[subprocess.Popen] = []
-        names = [p.name for p in federation.parties if p.name != federation.label_party]
-        self.logs = []
-        self.names = [*names, federation.label_party]
-        for name in self.names:
-            cmd = [sys.executable, "-m", "secvfl.cli.main", "serve", "--federation", str(demo / "federation.toml"),
-                   "--name", name, "--run", str(run / name)]
-            if name == federation.label_party:
-                cmd += ["--http", f"127.0.0.1:{port}", *extra]
-            log = open(run / f"serve-{name}.log", "w")  # noqa: SIM115 - closed in stop()
-            self.logs.append(log)
-            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-
-    def context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.demo / "certs" / "ca.pem"))
-        ctx.load_cert_chain(str(self.demo / "certs" / "clients" / "app.pem"),
-                            str(self.demo / "certs" / "clients" / "app.key"))
-        return ctx
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        import http.client
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self.procs):
-                raise ConfigError("a serving process stopped; see the serve-*.log files of the run")
-            try:
-                conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context(), timeout=10)
-                conn.request("GET", "/v2/health/ready")
-                if conn.getresponse().status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise ConfigError(f"the served federation was not ready within {timeout:g} s")
-
-    def cpu_seconds(self) -> dict[str, float]:
-        """CPU time (user + system, every thread) of each serving process so far, from /proc."""
-        tick = os.sysconf("SC_CLK_TCK")
-        out = {}
-        for name, proc in zip(self.names, self.procs, strict=True):
-            try:
-                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                out[name] = (int(fields[11]) + int(fields[12])) / tick
-            except (OSError, IndexError, ValueError):
-                out[name] = float("nan")
-        return out
-
-    def get(self, path: str) -> dict:
-        import http.client
-
-        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context(), timeout=30)
-        conn.request("GET", path)
-        return json.loads(conn.getresponse().read())
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        for log in self.logs:
-            log.close()
 
 
 async def _client(port: int, ctx: ssl.SSLContext, bodies: list[bytes], n: int, out: list[tuple[float, int]]) -> None:
@@ -223,6 +145,7 @@ class ServeBench:
             raise ConfigError("--requests, --ids-per-request must be at least 1 and --clients from 1 to 512")
         from secvfl.deploy.loopback import free_loopback_ports
         from secvfl.serve.demo import write_demo_federation
+        from secvfl.serve.local import LocalServing
 
         result: dict[str, Any] = {"machine": machine(), "torch_threads": threads, "algo": args.algo,
                                   "dataset": args.dataset, "ids_per_request": args.ids_per_request,
@@ -248,8 +171,8 @@ class ServeBench:
                                               "data": [ids[(s + j) % len(ids)] for j in range(n)]}]}).encode()
                       for s in range(0, len(ids), n)]
             port = free_loopback_ports(1)[0]
-            served = _Federation(demo, run, port, ["--batch-wait-ms", str(args.batch_wait_ms),
-                                                   "--max-queue", "1024", "--deadline-ms", "10000"])
+            served = LocalServing(demo, run, port=port, extra=["--batch-wait-ms", str(args.batch_wait_ms),
+                                                               "--max-queue", "1024", "--deadline-ms", "10000"])
             try:
                 served.wait_ready()
                 ctx = served.context()
@@ -257,11 +180,11 @@ class ServeBench:
                 runs = {}
                 for clients in args.clients:
                     per_client = max(8, args.requests // clients)
-                    before = served.get("/v2/models/demo/stats")
+                    before = served.get("/v2/models/demo/stats")[1]
                     cpu0, own0 = served.cpu_seconds(), time.process_time()
                     got, wall = _load(port, ctx, bodies, clients, per_client)
                     cpu1, own1 = served.cpu_seconds(), time.process_time()
-                    after = served.get("/v2/models/demo/stats")
+                    after = served.get("/v2/models/demo/stats")[1]
                     latencies = [t for t, status in got if status == 200]
                     batches = after["batches"] - before["batches"]
                     runs[str(clients)] = {
