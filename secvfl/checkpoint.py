@@ -50,6 +50,7 @@ __all__ = [
     "has_checkpoint",
     "discard_after",
     "NoCheckpointError",
+    "read_party_states",
 ]
 
 _PREFIX = "epoch-"
@@ -275,6 +276,24 @@ def load_checkpoint(run_dir: Path, run: Run, *, epoch: int | None = None, count_
                           f"{str(exc).splitlines()[0][:160] if str(exc) else 'no detail'}); was config.toml edited?"
                           ) from None
     return Restored(int(meta["epoch"]), list(meta["history"]), float(meta.get("wall_seconds", 0.0)))
+
+
+def read_party_states(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """The epoch of the committed checkpoint and every party's state in it (checked like :func:`load_checkpoint`),
+    without a run to load them into: what serving a trained run reads (secvfl.serve)."""
+    run_dir = Path(run_dir)
+    ck = run_dir / "checkpoints"
+    epoch = latest_epoch(run_dir)
+    target = ck / _dir_name(epoch)
+    try:
+        meta = _read_meta(target)
+        names = list(meta.get("files") or [p.name for p in target.glob("*.pt")])
+        parties = {n.removeprefix("party-").removesuffix(".pt"): _load_file(target / n)
+                   for n in names if n.startswith("party-")}
+    except _Damaged as exc:
+        raise ConfigError(f"checkpoint file {exc.path} is damaged ({exc.why}); restore the run directory from a "
+                          "backup") from None
+    return epoch, parties
 
 
 def discard_after(run_dir: Path, epoch: int) -> None:

@@ -81,7 +81,12 @@ def test_predict_cli_with_a_subset_of_parties(tmp_path, capsys):
     assert report["observed"] == [1, 3] and report["absent"] == [0, 2]
     assert report["accuracy"] > 0.3  # 10 classes: chance is 0.1
     lines = out.read_text().splitlines()
-    assert lines[0] == "row,label,party1,party3" and len(lines) == report["rows"] + 1
+    assert lines[0].startswith("row,label,party1,party3,party1:p_0,") and len(lines) == report["rows"] + 1
+    for line in lines[1:]:  # each party's predicted class is the argmax of its predictor's probabilities
+        cells = line.split(",")
+        for k, party in enumerate((1, 3)):
+            proba = [float(v) for v in cells[4 + 10 * k:14 + 10 * k]]
+            assert int(cells[2 + k]) == proba.index(max(proba)), (party, line)
     # A party index that does not exist is a clear error, not a traceback.
     assert main(["predict", "--run", str(run), "--observed", "1,9"]) == 2
     assert "do not exist" in capsys.readouterr().err

@@ -137,6 +137,27 @@ def _identity_traffic() -> None:
         transport.put(sender, receiver, message.kind, encode(message))
 
 
+def _serve_traffic() -> None:
+    """Serving (secvfl.serve): the coordinator's calls, the parties' answers and their outputs for a request."""
+    import torch
+
+    from secvfl.messages import Message, encode
+    from secvfl.serve.wire import SERVE_OUTPUT, Answer, Call, Group, answer_message, call_message
+    from secvfl.transport.inprocess import InProcessTransport
+
+    transport = InProcessTransport()
+    calls = [Call("embed", 4, step=4, ids=["c00001", "c00019"], budget_ms=1000.0),
+             Call("predict", 5, step=5, groups=[Group(0, [0, 1], [0, 1])], budget_ms=800.0)]
+    for call in calls:
+        transport.put("label", "party0", "serve-call", encode(call_message("label", "party0", call)))
+    answers = [(Answer("embed", 4, missing=[1]), None),
+               (Answer("predict", 5, failed={"1": "party1: gone"}), {"g0": torch.full((2, 2), 0.5)})]
+    for answer, tensors in answers:
+        transport.put("party0", "label", "serve-answer", encode(answer_message("party0", "label", answer, tensors)))
+    output = Message(SERVE_OUTPUT, "party0", "label", 4, {"embedding": torch.ones(2, 4)}, meta={"request": 4})
+    transport.put("party0", "label", SERVE_OUTPUT, encode(output))
+
+
 def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
     """Encoded messages of every kind, captured at the transport during short real runs: ``corpus_key -> bytes``.
 
@@ -155,6 +176,7 @@ def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
         _psi_traffic()
         _request_traffic()
         _identity_traffic()
+        _serve_traffic()
     by_key: dict[str, list[bytes]] = {}
     for data in dict.fromkeys(captured):  # distinct, in capture order
         by_key.setdefault(corpus_key(decode(data)), []).append(data)

@@ -26,6 +26,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "certs": ("secvfl.cli.certs", "create a federation's CA and one mutual-TLS certificate per party"),
     "party": ("secvfl.cli.deploy", "run one party of a federation (a long-lived process)"),
     "launch": ("secvfl.cli.deploy", "start every party of a federation as a local process (loopback)"),
+    "serve": ("secvfl.cli.serve", "serve a trained federation: one party's serving process"),
+    "demo-federation": ("secvfl.cli.serve", "write a federation on this host whose parties read their own files (for "
+                        "trying secvfl launch and secvfl serve)"),
 }
 SUBCOMMANDS = list(dict.fromkeys(module for module, _ in COMMANDS.values()))  # one line per module
 

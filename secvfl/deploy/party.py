@@ -47,6 +47,7 @@ from secvfl.deploy.data import (
     uses_data_files,
     with_federation_dataset,
 )
+from secvfl.deploy.fitted import fit_preprocessing, save_fitted, save_run_layout
 from secvfl.deploy.remote import (
     CPU,
     HELLO,
@@ -154,6 +155,15 @@ def _own_file(federation: Federation, name: str, align_ids: AlignIds | None):  #
     return None if spec is None else read_own_file(spec, name)  # the aggregator holds no file
 
 
+def _keep_fitted_preprocessing(state_dir: Path, federation: Federation, name: str, own: Any, ids: Any,
+                               cfg: TrainConfig) -> None:
+    """Save what this party's preparation fitted on its training rows in its own directory (secvfl.deploy.fitted:
+    `secvfl serve` applies it to the tables it scores)."""
+    index = {ident: r for r, ident in enumerate(own.ids)}
+    save_fitted(state_dir, fit_preprocessing(name, federation.party(name).data, own.columns, ids, index,
+                                             cfg.nan_policy))
+
+
 def _check_federation(federation: Federation, cfg: TrainConfig) -> None:
     k = len(federation.feature_parties)
     if cfg.parties != k:
@@ -195,6 +205,7 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
             held["columns"], names, notes = prepare_own_block(own, ids, held["learned"], cfg)
             for note in notes:
                 log(f"{name}: data: {note}")
+            _keep_fitted_preprocessing(state_dir, federation, name, own, ids, cfg)  # for `secvfl serve`
             return {"width": len(names), "psi_sent": held["psi_sent"]}
         if method == HELLO:
             cfg = TrainConfig.from_dict(args[0])
@@ -303,6 +314,8 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         record_alignment(resume if resume is not None else out, plan, resumed=resume is not None)
         answers = [link.call(p, PLAN, (cfg.to_dict(), list(plan.ids)), timeout=timeouts.wait) for p in remote]
         widths = [a["width"] for a in answers]
+        if (resume or out) is not None:  # what `secvfl serve` needs to answer with class names
+            save_run_layout(Path(resume or out), classes=plan.classes, widths=widths)
         sizes = [len(ids) for ids in plan.ids]
         alignment.update(protocol="ECDH-PSI over P-256 (semi-honest)", **plan.counts, widths=widths,
                          rows_sha256=plan.digest(),  # what every party sent, each counted by its sender

@@ -106,9 +106,14 @@ class Network:
             self.transport.put(m.sender, m.receiver, m.kind, data)
             self.stats.count_payload(m.kind, encoded_payload_size(data))
 
-    def receive(self, receiver: str, *, kind: str | None = None, sender: str | None = None) -> Message:
-        """Take the oldest matching message for ``receiver`` and pass it through the receiver's inbound layers."""
-        data = self.transport.take(receiver, kind=kind, sender=sender)
+    def receive(self, receiver: str, *, kind: str | None = None, sender: str | None = None,
+                timeout: float | None = None) -> Message:
+        """Take the oldest matching message for ``receiver`` and pass it through the receiver's inbound layers.
+        ``timeout``: the longest wait in seconds, for a transport between processes (default: the transport's own)."""
+        if timeout is None:
+            data = self.transport.take(receiver, kind=kind, sender=sender)
+        else:
+            data = self.transport.take(receiver, kind=kind, sender=sender, timeout=timeout)  # type: ignore[call-arg]
         msg = decode(data)
         for layer in reversed(self.layers):
             msg = layer.inbound(msg, receiver)
