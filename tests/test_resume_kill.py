@@ -28,7 +28,7 @@ from secvfl.runner import KILL_AT_BATCH_ENV
 
 EPOCHS = 3
 COMMON = ["--dataset", "breast_cancer", "--parties", "2", "--epochs", str(EPOCHS), "--batch-size", "64",
-          "--hidden", "8", "--head-hidden", "8", "--embedding-dim", "4", "--seed", "3", "--no-progress"]
+          "--hidden", "8", "--head-hidden", "8", "--embedding-dim", "4", "--seed", "3", "--no-progress", "--device", "cpu"]
 
 CASES = {
     "plain": ["--algo", "splitnn"],

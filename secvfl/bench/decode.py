@@ -147,7 +147,8 @@ def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
     captured: list[bytes] = []
     with _recording(captured):
         for kw in _RUNS:
-            cfg = TrainConfig(**{"parties": 2, "epochs": 1, "batch_size": 32, "seed": 0, "threads": 1, **kw})
+            cfg = TrainConfig(**{"parties": 2, "epochs": 1, "batch_size": 32, "seed": 0, "threads": 1, "device": "cpu",
+                                 **kw})
             run_training(cfg, progress=False, log=lambda *a, **k: None)
         _masked_sum_traffic()
         _psi_traffic()

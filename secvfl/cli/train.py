@@ -126,7 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: a fresh runs/<algo>-<dataset>-<date>-<time>)")
     p.add_argument("--resume", type=Path, metavar="DIR",
                    help="continue the run in DIR from its last checkpoint, with its own settings; --epochs N trains "
-                        "it longer (also a finished run); --data-dir and --threads may change, other flags may not")
+                        "it longer (also a finished run); --data-dir, --threads and --device may change, other flags may "
+                        "not")
     p.add_argument("--from-epoch", type=int, default=None, metavar="N",
                    help="with --resume: start from the checkpoint after epoch N (the previous one is kept in case "
                         "the latest is damaged); later checkpoints are discarded")
@@ -226,7 +227,7 @@ def _resume_changes(args: argparse.Namespace) -> dict[str, object]:
         listed = ", ".join(f"{flags.get(d, d)} {wanted[d]!r} (the run has {saved.get(d)!r})" for d in refused)
         raise ConfigError(
             f"--resume {run_dir} continues the run with its own settings (config.toml), but the command line changes "
-            f"{listed}; only --epochs (to train longer), --data-dir, --threads and --dp-accept-epsilon may change: "
-            "drop the others, or start a new run with --out"
+            f"{listed}; only --epochs (to train longer), --data-dir, --threads, --device and --dp-accept-epsilon may "
+            "change: drop the others, or start a new run with --out"
         )
     return {d: wanted[d] for d in changed}
