@@ -124,7 +124,7 @@ def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = Non
         data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, val_fraction=cfg.val_fraction,
                             nan_policy=cfg.nan_policy)
         partition = make_partition(data.n_features, cfg.parties, image_shape=data.image_shape,
-                                   image_split=cfg.image_split)
+                                   image_split=cfg.image_split, channels=data.image_channels)
     else:
         data, partition = prepared
     data, masks, notes = _masks(data, cfg, partition.n_blocks)

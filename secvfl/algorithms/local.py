@@ -114,7 +114,8 @@ class Local(Algorithm):
         n_out = output_dim(data.n_classes)
         self.local_handles: list[LocalPartyHandle] = []
         for k, name in enumerate(feature_party_names(part.n_blocks)):
-            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), cfg.embedding_dim, list(cfg.hidden), part.block_shapes[k])
+            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), cfg.embedding_dim, list(cfg.hidden), part.block_shapes[k],
+                                 channels=part.channels)
             model = nn.Sequential(bottom, nn.ReLU(), MLP(cfg.embedding_dim, list(cfg.head_hidden), n_out))
             model = model.to(device=ctx.device, dtype=ctx.dtype)  # before its optimiser (fused kernels on CUDA)
             blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}

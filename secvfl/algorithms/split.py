@@ -52,7 +52,8 @@ class _SplitBase(FeatureLabelAlgorithm):
         # handle (one way to train, checkpoint and test, whichever process a party is in).
         self.feature_handles: list[FeatureHandle] = []
         for k, name in enumerate(feature_party_names(part.n_blocks)):
-            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), out_dim, list(cfg.hidden), part.block_shapes[k])
+            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), out_dim, list(cfg.hidden), part.block_shapes[k],
+                                 channels=part.channels)
             bottom = bottom.to(device=ctx.device, dtype=ctx.dtype)  # before its optimiser (fused kernels on CUDA)
             blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
             self.feature_handles.append(FeatureHandle(
