@@ -129,7 +129,7 @@ def _from_archive(path: Path) -> tuple[_Layout, _Files]:
                     if n in files:
                         fh = tar.extractfile(files[n])
                         data[n] = fh.read() if fh is not None else b""
-                return layout, _Files(sorted(files), lambda n: data[n], str(path))
+                return layout, _Files(sorted(files), data.__getitem__, str(path))
     except READ_ERRORS + (tarfile.TarError,) as exc:
         raise DataError(f"cannot read the archive {path}: {describe_read_error(exc)}") from None
     raise DataError(f"the archive {path} holds no CIFAR files; {_SPEC}")
