@@ -680,6 +680,21 @@ CASES: list[Case] = [
     Case(("party", "--federation", "{tmp}/f.toml", "--name", "bank", "--out", "{tmp}/b", "--parties", "3"),
          "--parties 3, but federation 'demo' has 1 feature party; set --parties 1", setup=_write("f.toml", _FED_SIM),
          id="party-parties-differ-from-federation"),
+    # -- area: devices, image bottoms, CIFAR files --
+    Case(("train", "--dataset", "wine", "--bottom", "resnet"), "--bottom resnet needs image data split into regions",
+         id="resnet-bottom-on-a-table"),
+    Case(("train", "--dataset", "digits", "--algo", "eg", "--bottom", "cnn"),
+         "--bottom cnn does not apply to --algo eg, whose parties run a linear map", id="cnn-bottom-for-a-linear-algo"),
+    Case(("train", "--dataset", "cifar:{tmp}/nothing"), "nothing does not exist; pass cifar:PATH", id="cifar-missing"),
+    Case(("train", "--dataset", "cifar:{tmp}"), "holds no CIFAR files", id="cifar-folder-without-files"),
+    Case(("train", "--dataset", "cifar:{tmp}/c"), "/c: 100 bytes is not a whole number of 3073-byte CIFAR-10 records", setup=_all(_write("c/data_batch_1.bin", bytes(100)),
+                                                   _write("c/test_batch.bin", bytes(3073))), id="cifar-truncated"),
+    Case(("train", "--dataset", "cifar:{tmp}/p"), "is not a CIFAR python-version file: it names posix.system",
+         setup=_all(_write("p/data_batch_1", b"cposix\nsystem\n(S'true'\ntR."), _write("p/test_batch", b"N.")),
+         id="cifar-pickle-naming-a-function"),
+    Case(("train", "--dataset", "cifar10", "--data-dir", "{tmp}"), "has no CIFAR-10 (looked for cifar-10-batches-bin",
+         id="cifar10-not-in-the-data-dir"),
+    Case(("bench", "device", "--epochs", "0"), "--epochs and --train-rows must be at least 1", id="bench-device-epochs-0"),
 ]
 
 
