@@ -219,3 +219,18 @@ def test_optimisers_use_the_fused_kernels_only_on_cuda() -> None:
     p = [torch.nn.Parameter(torch.zeros(3))]
     assert not make_optimizer(p, "adam", 1e-3, device=torch.device("cpu")).defaults.get("fused")
     assert not make_optimizer(p, "sgd", 1e-3).defaults.get("fused")
+
+
+def test_a_laser_step_reads_only_the_bytes_it_sends_and_its_losses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LASER-VFL: every observed party sends its representation to each peer and a gradient back, and reads its
+    loss once after sending; the optimiser's step counts live on the host (no device read)."""
+    run = build_run(TrainConfig(algo="laser", dataset="wine", parties=3, batch_size=32, epochs=1, val_fraction=0,
+                                hidden=(8,), embedding_dim=4, head_hidden=(), device="cpu"))
+    steps, k = run.algorithm.batches_per_epoch(), 3
+    with HostReads() as reads:
+        run.algorithm.train_epoch(0)
+    sites = dict(reads.sites)
+    assert sites.pop("secvfl.algorithms.missing.base:FlatOptimizer.step") == steps * k  # float(self.steps[0]), host
+    assert sites.pop("secvfl.algorithms.missing.subsets:TaskTable.__init__") == k  # a host table, once per pattern
+    assert sites == {"secvfl.messages:_tensor_bytes": steps * k * (k - 1) * 2,
+                     "secvfl.algorithms.missing.laser:LaserHandle.train_heads": steps * k}
