@@ -24,11 +24,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["to_device", "index_tensor", "to_host", "is_cuda"]
+__all__ = ["to_device", "index_tensor", "to_host", "is_cuda", "device_here"]
 
 
 def is_cuda(device: torch.device) -> bool:
     return device.type == "cuda"
+
+
+def device_here(name: str) -> str:
+    """A run's ``--device`` for reading it on this machine: a CUDA device becomes the CPU where torch finds none, so a
+    run trained on a GPU predicts and is attacked anywhere (its checkpoint loads on the CPU)."""
+    return "cpu" if name.startswith("cuda") and not torch.cuda.is_available() else name
 
 
 def to_device(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:

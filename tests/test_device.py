@@ -234,3 +234,21 @@ def test_a_laser_step_reads_only_the_bytes_it_sends_and_its_losses(monkeypatch: 
     assert sites.pop("secvfl.algorithms.missing.subsets:TaskTable.__init__") == k  # a host table, once per pattern
     assert sites == {"secvfl.messages:_tensor_bytes": steps * k * (k - 1) * 2,
                      "secvfl.algorithms.missing.laser:LaserHandle.train_heads": steps * k}
+
+
+def test_a_run_trained_on_a_gpu_is_read_on_any_machine(tmp_path) -> None:  # noqa: ANN001
+    """A run directory whose config.toml says --device cuda (trained on a GPU machine): secvfl predict and the attacks
+    read it on a machine without one, on the CPU (its checkpoint loads there); where CUDA exists they keep it."""
+    from attacks.harness import load_recorded
+    from secvfl.cli.main import main
+    from secvfl.device import device_here
+
+    run = tmp_path / "run"
+    assert main(["train", "--algo", "laser", "--dataset", "wine", "--parties", "2", "--epochs", "1", "--hidden", "8",
+                 "--device", "cpu", "--no-progress", "--out", str(run)]) == 0
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace('device = "cpu"', 'device = "cuda"'))
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    assert device_here("cuda") == here and device_here("cpu") == "cpu" and device_here("auto") == "auto"
+    assert main(["predict", "--run", str(run), "--observed", "0", "--out", str(tmp_path / "p.csv")]) == 0
+    assert load_recorded(run).run.ctx.device.type == here
