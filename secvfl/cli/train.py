@@ -65,7 +65,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "per block drawn from Beta(A, B))")
     g.add_argument("--p-miss-test", type=_p_miss, default=d.p_miss_test,
                    help="the same at validation and test time")
-    g.add_argument("--bottom", default=d.bottom, choices=list(BOTTOMS), help="feature parties' bottom model")
+    g.add_argument("--bottom", default=d.bottom, choices=list(BOTTOMS),
+                   help="feature parties' bottom model: mlp (--hidden widths), cnn (two conv blocks, image regions) or "
+                        "resnet (a small ResNet for colour image regions, stem width --hidden's first value)")
     g.add_argument("--hidden", type=_ints, default=d.hidden,
                    help="bottom-model hidden widths, comma-separated, e.g. 256,256; '' for none (a linear bottom) "
                         f"(default: {_widths(d.hidden)})")
