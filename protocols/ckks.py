@@ -98,6 +98,7 @@ import torch
 from protocols.base import FLOAT_DTYPES, SecureSumAggregation, refuse_unsummable
 from protocols.ckks_cipher import CiphertextError, CKKSCipher
 from protocols.ckks_worker import read_frame, write_frame
+from secvfl.device import to_host
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import WIRE_DTYPES, Message, register_kind
 from secvfl.options import Options, option
@@ -386,7 +387,8 @@ def _chunk_sizes(total: int, size: int) -> list[int]:
 
 
 def _flatten(tensors: Mapping[str, torch.Tensor]) -> np.ndarray:
-    parts = [t.detach().reshape(-1).to("cpu", torch.float64) for t in tensors.values()]
+    # GPU tensors come to pinned host memory with one wait for all (secvfl.device.to_host), then go to float64
+    parts = [t.detach().reshape(-1).to(torch.float64) for t in to_host(list(tensors.values()))]
     if not parts:
         return np.zeros(0, dtype=np.float64)
     return (torch.cat(parts) if len(parts) > 1 else parts[0]).numpy()

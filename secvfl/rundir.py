@@ -50,9 +50,9 @@ def default_run_dir(cfg: TrainConfig, root: str | Path | None = None) -> Path:
     return path
 
 
-# Settings that say where a run reads its data and how many threads it uses: properties of the machine, not of the
-# run (a resumed run may change them too, secvfl.runner.RESUME_CHANGES).
-_MACHINE_SETTINGS = ("data_dir", "threads")
+# Settings that say where a run reads its data, how many threads it uses and on which device: properties of the
+# machine, not of the run (a resumed run may change them too, secvfl.runner.RESUME_CHANGES).
+_MACHINE_SETTINGS = ("data_dir", "threads", "device")
 
 
 def _settings(cfg: TrainConfig) -> dict:

@@ -133,7 +133,7 @@ def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = Non
         data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, val_fraction=cfg.val_fraction,
                             nan_policy=cfg.nan_policy)
         partition = make_partition(data.n_features, cfg.parties, image_shape=data.image_shape,
-                                   image_split=cfg.image_split)
+                                   image_split=cfg.image_split, channels=data.image_channels)
     else:
         data, partition = prepared
     data, masks, notes = _masks(data, cfg, partition.n_blocks)
@@ -179,10 +179,11 @@ def _primary(metrics: dict[str, float]) -> tuple[str, float]:
 
 
 # -- run directories -------------------------------------------------------------------------------------------
-# What a resumed run may change (README, Training, "Resuming"): more epochs extend it; where the data lives and how
-# many threads it uses are properties of the machine, not of the run; a DP run may be allowed a larger epsilon than
-# planned when releases repeated after a crash would exceed the plan. Every other setting is refused.
-RESUME_CHANGES = ("epochs", "data_dir", "threads", "dp_accept_epsilon")
+# What a resumed run may change (README, Training, "Resuming"): more epochs extend it; where the data lives, how
+# many threads it uses and which device it trains on are properties of the machine, not of the run (a run trained on
+# a GPU goes on on a machine without one, and back); a DP run may be allowed a larger epsilon than planned when
+# releases repeated after a crash would exceed the plan. Every other setting is refused.
+RESUME_CHANGES = ("epochs", "data_dir", "threads", "device", "dp_accept_epsilon")
 # Test hook (tests/test_resume_kill.py): the process sends itself SIGKILL right after this training batch, counted
 # from the first batch of the run (batches before a resume point included), to test recovery from a real crash.
 KILL_AT_BATCH_ENV = "SECVFL_KILL_AT_BATCH"

@@ -78,7 +78,7 @@ def _trained(algo: str) -> Callable[[Path], None]:
 
     def setup(tmp: Path) -> None:
         argv = ["train", "--algo", algo, "--dataset", "wine", "--parties", "2", "--epochs", "1", "--no-progress",
-                "--out", str(tmp / "run")]
+                "--device", "cpu", "--out", str(tmp / "run")]
         assert main(argv) == 0
 
     return setup
@@ -88,8 +88,8 @@ def _trained_with(*flags: str) -> Callable[[Path], None]:
     """A finished one-epoch splitnn run on wine with ``flags`` in {tmp}/run (for resume cases)."""
 
     def setup(tmp: Path) -> None:
-        argv = ["train", "--dataset", "wine", "--parties", "2", "--epochs", "1", "--no-progress", *flags,
-                "--out", str(tmp / "run")]
+        argv = ["train", "--dataset", "wine", "--parties", "2", "--epochs", "1", "--no-progress", "--device", "cpu",
+                *flags, "--out", str(tmp / "run")]
         assert main(argv) == 0
 
     return setup
@@ -755,7 +755,7 @@ CASES: list[Case] = [
                                                                         'label_party = "bank"\naggregator = "bank"')),
          id="federation-aggregator-is-label-party"),
     Case(("party", "--federation", "{tmp}/f.toml", "--name", "bank", "--out", "{tmp}/b", "--parties", "2", "--algo",
-          "vafl", "--dataset", "wine", "--he", "ckks"), "without an aggregator party (add aggregator",
+          "vafl", "--dataset", "wine", "--he", "ckks", "--device", "cpu"), "without an aggregator party (add aggregator",
          setup=_all(_write("f.toml", _FED_SIM + '\n[parties.telco]\naddress = "127.0.0.1:50053"\n'), _certs("f.toml")),
          id="party-ckks-without-aggregator"),
     Case(("party", "--federation", "{tmp}/f.toml", "--name", "bank", "--out", "{tmp}/b", "--parties", "3"),
@@ -796,6 +796,21 @@ CASES: list[Case] = [
     Case(("demo-federation", "--out", "{tmp}", "--parties", "99"), "--parties 99: breast_cancer has 30 columns",
          id="demo-federation-too-many-parties"),
     Case(("bench", "serve", "--clients", "0"), "--clients from 1 to 512", id="bench-serve-no-client"),
+    # -- area: devices, image bottoms, CIFAR files --
+    Case(("train", "--dataset", "wine", "--bottom", "resnet"), "--bottom resnet needs image data split into regions",
+         id="resnet-bottom-on-a-table"),
+    Case(("train", "--dataset", "digits", "--algo", "eg", "--bottom", "cnn"),
+         "--bottom cnn does not apply to --algo eg, whose parties run a linear map", id="cnn-bottom-for-a-linear-algo"),
+    Case(("train", "--dataset", "cifar:{tmp}/nothing"), "nothing does not exist; pass cifar:PATH", id="cifar-missing"),
+    Case(("train", "--dataset", "cifar:{tmp}"), "holds no CIFAR files", id="cifar-folder-without-files"),
+    Case(("train", "--dataset", "cifar:{tmp}/c"), "/c: 100 bytes is not a whole number of 3073-byte CIFAR-10 records", setup=_all(_write("c/data_batch_1.bin", bytes(100)),
+                                                   _write("c/test_batch.bin", bytes(3073))), id="cifar-truncated"),
+    Case(("train", "--dataset", "cifar:{tmp}/p"), "is not a CIFAR python-version file: it names posix.system",
+         setup=_all(_write("p/data_batch_1", b"cposix\nsystem\n(S'true'\ntR."), _write("p/test_batch", b"N.")),
+         id="cifar-pickle-naming-a-function"),
+    Case(("train", "--dataset", "cifar10", "--data-dir", "{tmp}"), "has no CIFAR-10 (looked for cifar-10-batches-bin",
+         id="cifar10-not-in-the-data-dir"),
+    Case(("bench", "device", "--epochs", "0"), "--epochs and --train-rows must be at least 1", id="bench-device-epochs-0"),
 ]
 
 
@@ -805,6 +820,8 @@ def _run(case: Case, tmp: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int
     argv = [a.replace("{tmp}", str(tmp)) for a in case.argv]
     if argv and argv[0] in ("train", "attack") and "--no-progress" not in argv:
         argv.append("--no-progress")
+    if argv and argv[0] == "train" and not {"--device", "--resume"} & set(argv):
+        argv += ["--device", "cpu"]  # the errors a run finds (a NaN loss at batch 2) are the CPU's
     try:
         code = main(argv)
     except SystemExit as exc:  # argparse's own errors exit through SystemExit(2) after one usage + error line

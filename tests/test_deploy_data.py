@@ -170,7 +170,7 @@ def test_a_resumed_run_must_align_to_the_same_rows(federation, tmp_path: Path) -
 def test_a_federation_of_own_files_trains_as_one_process_on_the_joined_table(federation, tmp_path: Path,
                                                                              algo: str) -> None:
     fed_path, made = federation
-    common = ("--algo", algo, "--parties", "2", "--epochs", "2", "--seed", "5", "--batch-size", "16")
+    common = ("--algo", algo, "--parties", "2", "--epochs", "2", "--seed", "5", "--batch-size", "16", "--device", "cpu")
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed_path),
                            "--out", str(run), "--threads", "1", "--party-timeout", "60", *common],

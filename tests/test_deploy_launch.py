@@ -82,7 +82,7 @@ def test_ctrl_c_during_a_launch_prints_the_command_that_continues_it_and_that_co
     fed = loopback_federation(tmp_path / "fed", 2)
     run = tmp_path / "run"
     common = ("--algo", "splitnn", "--dataset", "digits", "--parties", "2", "--epochs", "3", "--batch-size", "8",
-              "--seed", "1", "--threads", "1")
+              "--seed", "1", "--threads", "1", "--device", "cpu")
     cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed), "--out", str(run),
            "--party-timeout", "60", *common]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -54,7 +54,7 @@ from secvfl.runner import KILL_AT_BATCH_ENV, run_training
 
 BATCH = 64
 COMMON = ["--dataset", "breast_cancer", "--parties", "2", "--batch-size", str(BATCH), "--hidden", "8",
-          "--head-hidden", "8", "--embedding-dim", "4", "--seed", "3", "--threads", "1", "--no-progress"]
+          "--head-hidden", "8", "--embedding-dim", "4", "--seed", "3", "--threads", "1", "--no-progress", "--device", "cpu"]
 GRADIENT = ["--algo", "splitnn", "--privacy", "dp", "--dp-mechanism", "gradient", "--epsilon", "3"]
 FEATURES = ["--algo", "vafl", "--privacy", "dp", "--dp-protect", "features", "--epsilon", "3"]
 TOO_MUCH = "finishing this run would spend epsilon"
@@ -234,7 +234,8 @@ def test_rr_prior_stage2_is_not_released_again_after_a_crash(tmp_path: Path) -> 
 
     args = build_parser().parse_args(["train", "--dataset", "digits", "--parties", "2", "--epochs", "2",
                                       "--batch-size", "256", "--hidden", "16", "--seed", "1", "--privacy", "dp",
-                                      "--dp-mechanism", "rr-prior", "--epsilon", "1", "--threads", "1"])
+                                      "--dp-mechanism", "rr-prior", "--epsilon", "1", "--threads", "1", "--device",
+                                      "cpu"])
     layers: list[DPLayer] = []
 
     def crash_in_stage_2(run) -> None:  # noqa: ANN001 - the runner's Run

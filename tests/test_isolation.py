@@ -61,7 +61,7 @@ from secvfl.runner import build_run
 
 
 def _run():
-    return build_run(TrainConfig(dataset="wine", parties=2, epochs=1, batch_size=16, val_fraction=0))
+    return build_run(TrainConfig(dataset="wine", parties=2, epochs=1, batch_size=16, val_fraction=0, device="cpu"))
 
 
 def test_party_refuses_a_message_handed_over_directly():

@@ -73,7 +73,7 @@ def test_predict_cli_with_a_subset_of_parties(tmp_path, capsys):
 
     run = tmp_path / "run"
     assert main(["train", "--algo", "laser", "--dataset", "digits", "--epochs", "2", "--lr", "0.01",
-                 "--p-miss-train", "0.3", "--out", str(run), "--no-progress"]) == 0
+                 "--p-miss-train", "0.3", "--device", "cpu", "--out", str(run), "--no-progress"]) == 0
     capsys.readouterr()
     out = tmp_path / "pred.csv"
     assert main(["predict", "--run", str(run), "--observed", "1,3", "--out", str(out)]) == 0
@@ -93,7 +93,7 @@ def test_predict_cli_with_a_subset_of_parties(tmp_path, capsys):
     # Algorithms without per-subset predictors are refused.
     run2 = tmp_path / "run2"
     assert main(["train", "--algo", "splitnn", "--dataset", "digits", "--epochs", "1", "--out", str(run2),
-                 "--no-progress"]) == 0
+                 "--device", "cpu", "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["predict", "--run", str(run2), "--observed", "0"]) == 2
     assert "cannot predict with a subset" in capsys.readouterr().err

@@ -212,7 +212,7 @@ def test_a_crash_mid_block_with_secure_noise_is_charged_twice(tmp_path: Path, ca
     run = tmp_path / "run"
     flags = ["--algo", "ogd", "--dataset", "wine", "--parties", "2", "--samples", "30", "--epochs", "3",
              "--online-embedding", "8", "--online-head", "16", "--seed", "3", "--privacy", "dp", "--epsilon", "1",
-             "--no-progress", "--out", str(run)]
+             "--no-progress", "--device", "cpu", "--out", str(run)]
     env = {**{k: v for k, v in os.environ.items() if k != KILL_AT_BATCH_ENV}, KILL_AT_BATCH_ENV: "75",
            "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "secvfl.cli.main", "train", *flags], capture_output=True, text=True,

@@ -153,7 +153,8 @@ def test_a_saved_option_of_the_wrong_type_is_refused_not_read_as_true() -> None:
 
 def test_a_resume_compares_typed_option_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    base = ["train", "--algo", "plugvfl", "--dataset", "wine", "--parties", "2", "--hidden", "8", "--no-progress"]
+    base = ["train", "--algo", "plugvfl", "--dataset", "wine", "--parties", "2", "--hidden", "8", "--no-progress",
+            "--device", "cpu"]
     assert main([*base, "--epochs", "1", "--p-drop", "0.3", "--class-balanced", "--out", str(run)]) == 0
     saved = read_run_config(run)
     assert saved.options["p_drop"] == pytest.approx(0.3) and saved.options["class_balanced"] is True

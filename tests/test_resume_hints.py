@@ -14,7 +14,7 @@ import pytest
 
 from secvfl.cli.main import main
 
-_RUN = ("--dataset", "wine", "--parties", "2", "--batch-size", "8", "--no-progress")  # 16 batches an epoch
+_RUN = ("--dataset", "wine", "--parties", "2", "--batch-size", "8", "--no-progress", "--device", "cpu")  # 16 batches an epoch
 
 
 def _hint(text: str) -> list[str]:

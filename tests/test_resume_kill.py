@@ -28,7 +28,8 @@ from secvfl.runner import KILL_AT_BATCH_ENV
 
 EPOCHS = 3
 COMMON = ["--dataset", "breast_cancer", "--parties", "2", "--epochs", str(EPOCHS), "--batch-size", "64", "--seed", "3",
-          "--no-progress"]
+          "--no-progress",
+          "--device", "cpu"]
 MODEL = ["--hidden", "8", "--head-hidden", "8", "--embedding-dim", "4"]  # (the online algorithms have their own)
 
 CASES = {

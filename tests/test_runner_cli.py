@@ -21,7 +21,7 @@ from secvfl.runner import build_run, run_training
 
 
 def _cfg(**kw):
-    base = dict(dataset="breast_cancer", parties=3, epochs=4, batch_size=32, embedding_dim=8)
+    base = dict(dataset="breast_cancer", parties=3, epochs=4, batch_size=32, embedding_dim=8, device="cpu")
     base.update(kw)
     return TrainConfig(**base)
 
@@ -87,7 +87,7 @@ def test_same_seed_same_result():
 
 def test_config_file_and_flags(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('dataset = "wine"\nparties = 2\nepochs = 1\nhidden = [8]\n')
+    cfg.write_text('dataset = "wine"\nparties = 2\nepochs = 1\nhidden = [8]\ndevice = "cpu"\n')
     assert main(["train", "--config", str(cfg), "--epochs", "2", "--no-progress", "--out", str(tmp_path / "r")]) == 0
     saved = (tmp_path / "r" / "config.toml").read_text()
     assert 'dataset = "wine"' in saved and "epochs = 2" in saved and "hidden = [\n    8," in saved
@@ -106,6 +106,7 @@ def test_user_mistakes_give_one_clear_line(argv, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.auto_device  # the README's main job, on whatever device --device auto picks
 def test_console_script_runs_and_saves_into_a_fresh_run_directory(tmp_path):
     # without --out, the main job saves into runs/<algo>-<dataset>-<date>-<time> and says where
     out = subprocess.run([sys.executable, "-m", "secvfl.cli.main", "train", "--dataset", "wine", "--epochs", "1",
@@ -122,7 +123,7 @@ def test_console_script_runs_and_saves_into_a_fresh_run_directory(tmp_path):
 
 # -- run directories, resume, training guards (issue 13) ----------------------------------------------------------
 SMALL = ["--dataset", "wine", "--parties", "2", "--hidden", "8", "--head-hidden", "8", "--embedding-dim", "4",
-         "--batch-size", "32", "--seed", "1"]
+         "--batch-size", "32", "--seed", "1", "--device", "cpu"]
 
 
 def _train(*argv: str | Path) -> int:
@@ -231,7 +232,8 @@ def test_the_previous_checkpoint_is_kept_and_a_crash_before_the_commit_leaves_it
 
 @pytest.fixture(scope="module")
 def two_epoch_run(tmp_path_factory):
-    cfg = TrainConfig(dataset="wine", parties=2, epochs=2, hidden=(8,), head_hidden=(8,), embedding_dim=4)
+    cfg = TrainConfig(dataset="wine", parties=2, epochs=2, hidden=(8,), head_hidden=(8,), embedding_dim=4,
+                      device="cpu")
     run_dir = tmp_path_factory.mktemp("checkpointed") / "r"
     run_training(cfg, out=run_dir, progress=False, log=lambda *_: None)
     return run_dir, build_run(cfg)

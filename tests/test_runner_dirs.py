@@ -17,7 +17,7 @@ import pytest
 from secvfl.cli.main import main
 from secvfl.runlock import LOCK_FILE
 
-_WINE = ("--dataset", "wine", "--parties", "2", "--no-progress")
+_WINE = ("--dataset", "wine", "--parties", "2", "--no-progress", "--device", "cpu")
 
 
 def _train(*argv: str | Path) -> int:

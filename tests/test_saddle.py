@@ -298,9 +298,9 @@ def test_train_cli_eg_resumes_to_the_same_result(tmp_path):
 
     opts = {"compress": "randk:0.1+ef", "saddle_participation": 0.5, "saddle_iters": 20}
     quiet = {"progress": False, "log": lambda *_: None}
-    full = run_training(TrainConfig(algo="eg", dataset="breast_cancer", epochs=4, options=opts),
+    full = run_training(TrainConfig(device="cpu", algo="eg", dataset="breast_cancer", epochs=4, options=opts),
                         out=tmp_path / "full", **quiet)
-    run_training(TrainConfig(algo="eg", dataset="breast_cancer", epochs=2, options=opts), out=tmp_path / "half",
+    run_training(TrainConfig(device="cpu", algo="eg", dataset="breast_cancer", epochs=2, options=opts), out=tmp_path / "half",
                  **quiet)
     cfg = (tmp_path / "half" / "config.toml").read_text().replace("epochs = 2", "epochs = 4")
     (tmp_path / "half" / "config.toml").write_text(cfg)
@@ -316,7 +316,7 @@ def _linear_run(algo, dataset="wine", **options):
     from secvfl.runner import build_run
 
     dtype = options.pop("dtype", "float32")
-    return build_run(TrainConfig(algo=algo, dataset=dataset, parties=3, dtype=dtype, options=options))
+    return build_run(TrainConfig(device="cpu", algo=algo, dataset=dataset, parties=3, dtype=dtype, options=options))
 
 
 def _traffic(net, parties, action):
@@ -355,7 +355,7 @@ def test_train_resume_repeats_no_setup_traffic(tmp_path):
     from secvfl.runner import run_training
 
     quiet = {"progress": False, "log": lambda *_: None}
-    cfg = TrainConfig(algo="gd", dataset="wine", parties=3, epochs=2, options={"saddle_iters": 3})
+    cfg = TrainConfig(device="cpu", algo="gd", dataset="wine", parties=3, epochs=2, options={"saddle_iters": 3})
     full = run_training(cfg, out=tmp_path / "full", **quiet)
     run_training(dataclasses.replace(cfg, epochs=1), out=tmp_path / "half", **quiet)
     text = (tmp_path / "half" / "config.toml").read_text().replace("epochs = 1", "epochs = 2")
@@ -382,7 +382,7 @@ def test_train_linear_model_has_an_intercept_on_standardised_features(tmp_path):
     from secvfl.runner import run_training
 
     for algo in ("eg", "gd", "nesterov", "admm"):
-        cfg = TrainConfig(algo=algo, dataset=f"csv:{tmp_path / 'prior.csv'}:label", parties=3, epochs=2)
+        cfg = TrainConfig(device="cpu", algo=algo, dataset=f"csv:{tmp_path / 'prior.csv'}:label", parties=3, epochs=2)
         out = run_training(cfg, progress=False, log=lambda *_: None)
         y_test = load_dataset(cfg.dataset).y_test
         majority = float(np.bincount(y_test).max() / len(y_test))
@@ -413,7 +413,7 @@ def test_train_eg_mlp_resumes_to_the_same_result(tmp_path):
     from secvfl.runner import run_training
 
     quiet = {"progress": False, "log": lambda *_: None}
-    cfg = TrainConfig(algo="eg-mlp", dataset="wine", parties=3, epochs=3)
+    cfg = TrainConfig(device="cpu", algo="eg-mlp", dataset="wine", parties=3, epochs=3)
     full = run_training(cfg, out=tmp_path / "full", **quiet)
     run_training(dataclasses.replace(cfg, epochs=1), out=tmp_path / "half", **quiet)
     text = (tmp_path / "half" / "config.toml").read_text().replace("epochs = 1", "epochs = 3")

@@ -41,7 +41,7 @@ def _secvfl(*args: str) -> list[str]:
 
 
 def _launch(fed: Path, out: Path, *args: str, timeout: float = 400) -> None:
-    done = subprocess.run(_secvfl("launch", "--federation", str(fed), "--out", str(out), "--threads", "1",
+    done = subprocess.run(_secvfl("launch", "--federation", str(fed), "--out", str(out), "--threads", "1", "--device", "cpu",
                                   "--party-timeout", "120", "--heartbeat", "0.5", "--no-progress", *args),
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -169,7 +169,7 @@ def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
     captured: list[bytes] = []
     with _recording(captured):
         for kw in _RUNS:
-            base = {"parties": 2, "epochs": 1, "seed": 0, "threads": 1, **settings_for(kw["algo"], {"batch_size": 32})}
+            base = {"parties": 2, "epochs": 1, "seed": 0, "threads": 1, "device": "cpu", **settings_for(kw["algo"], {"batch_size": 32})}
             cfg = TrainConfig(**{**base, **kw})
             run_training(cfg, progress=False, log=lambda *a, **k: None)
         _masked_sum_traffic()

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from secvfl.algorithms.missing.eval import evaluate_predictions
     from secvfl.config import TrainConfig
     from secvfl.data import load_dataset
+    from secvfl.device import device_here
     from secvfl.runner import _load_checkpoint, build_run, load_config_file
 
     cfg_file = args.run / "config.toml"
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_output_file(args.out, "--out")
     trained = _trained_schema(args.run)
-    changes = {"p_miss_train": "0", "p_miss_test": "0"}  # every row present; the subset is chosen below
+    # every row present (the subset is chosen below), on this machine's device
+    changes = {"p_miss_train": "0", "p_miss_test": "0", "device": device_here(cfg.device)}
     if args.data is not None:
         changes["dataset"] = args.data
     if args.data_dir is not None:

@@ -42,6 +42,7 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.bench.vim",
     "secvfl.bench.transport",
     "secvfl.bench.serve",
+    "secvfl.bench.device",
 ]
 _loaded = False
 

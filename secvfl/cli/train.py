@@ -65,7 +65,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "per block drawn from Beta(A, B))")
     g.add_argument("--p-miss-test", type=_p_miss, default=d.p_miss_test,
                    help="the same at validation and test time")
-    g.add_argument("--bottom", default=d.bottom, choices=list(BOTTOMS), help="feature parties' bottom model")
+    g.add_argument("--bottom", default=d.bottom, choices=list(BOTTOMS),
+                   help="feature parties' bottom model: mlp (--hidden widths), cnn (two conv blocks, image regions) or "
+                        "resnet (a small ResNet for colour image regions, stem width --hidden's first value)")
     g.add_argument("--hidden", type=_ints, default=d.hidden,
                    help="bottom-model hidden widths, comma-separated, e.g. 256,256; '' for none (a linear bottom) "
                         f"(default: {_widths(d.hidden)})")
@@ -126,7 +128,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: a fresh runs/<algo>-<dataset>-<date>-<time>)")
     p.add_argument("--resume", type=Path, metavar="DIR",
                    help="continue the run in DIR from its last checkpoint, with its own settings; --epochs N trains "
-                        "it longer (also a finished run); --data-dir and --threads may change, other flags may not")
+                        "it longer (also a finished run); --data-dir, --threads and --device may change, other flags may "
+                        "not")
     p.add_argument("--from-epoch", type=int, default=None, metavar="N",
                    help="with --resume: start from the checkpoint after epoch N (the previous one is kept in case "
                         "the latest is damaged; 0: from the run's beginning); later checkpoints are discarded")
@@ -234,7 +237,7 @@ def _resume_changes(args: argparse.Namespace, command: str = "train", local: fro
         listed = ", ".join(f"{flags.get(d, d)} {wanted[d]!r} (the run has {saved.get(d)!r})" for d in refused)
         raise ConfigError(
             f"--resume {run_dir} continues the run with its own settings (config.toml), but the command line changes "
-            f"{listed}; only --epochs (to train longer), --data-dir, --threads and --dp-accept-epsilon may change: "
-            "drop the others, or start a new run with --out"
+            f"{listed}; only --epochs (to train longer), --data-dir, --threads, --device and --dp-accept-epsilon may "
+            "change: drop the others, or start a new run with --out"
         )
     return {d: wanted[d] for d in changed}

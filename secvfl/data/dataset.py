@@ -19,6 +19,8 @@ class RawData:
     classes: list[str]
     image_shape: tuple[int, int] | None = None
     X_test: np.ndarray | None = None  # a split that ships with the data (MNIST, a9a.t)
+    # colour channels of an image (the columns are channel-major: all of channel 0's pixels, then channel 1's, ...)
+    image_channels: int = 1
     y_test: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -43,6 +45,7 @@ class Dataset:
     classes: list[str]
     image_shape: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
+    image_channels: int = 1  # channel-major columns (see RawData)
 
     @property
     def n_features(self) -> int:

@@ -178,7 +178,13 @@ def prepare(
             r, c = np.nonzero(np.isnan(part))
             part[r, c] = means[c]
         notes.append(f"nan-policy mean: imputed {n_missing} missing values with training-split column means")
-    if raw.image_shape is not None:
+    if raw.image_shape is not None and raw.image_channels > 1:
+        # Colour images: a mean/std per channel (the usual normalisation of CIFAR-style sets), the same for every pixel
+        per_channel = X.reshape(len(X), raw.image_channels, -1)
+        mu_c, sd_c = per_channel.mean(axis=(0, 2)), per_channel.std(axis=(0, 2))
+        pixels = X.shape[1] // raw.image_channels
+        mu, sd = np.repeat(mu_c, pixels), np.repeat(np.where(sd_c < 1e-12, 1.0, sd_c), pixels)
+    elif raw.image_shape is not None:
         # Images: one global mean/std keeps the pixel grid comparable across the image (and blank borders finite).
         mu, sd = float(X.mean()), float(X.std()) or 1.0
     else:
@@ -201,5 +207,6 @@ def prepare(
         feature_names=feature_names,
         classes=list(raw.classes),
         image_shape=raw.image_shape,
+        image_channels=raw.image_channels,
         notes=notes,
     )

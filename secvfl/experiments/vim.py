@@ -134,9 +134,10 @@ def build(setting: Setting, method: str, seed: int, lr: float, epochs: int, data
     cfg = _config(setting, method, seed, lr, epochs)
     data = _data(setting.dataset, data_dir)
     part = make_partition(data.n_features, setting.parties, image_shape=data.image_shape,
-                          image_split=setting.image_split)
+                          image_split=setting.image_split, channels=data.image_channels)
     if keep is not None:
-        part = Partition(tuple(part.blocks[k] for k in keep), tuple(part.block_shapes[k] for k in keep))
+        part = Partition(tuple(part.blocks[k] for k in keep), tuple(part.block_shapes[k] for k in keep),
+                         part.channels)
         cfg = replace(cfg, parties=len(keep))
     K = part.n_blocks
     masks = {s: np.ones((len(getattr(data, f"y_{s}")), K), dtype=bool) for s in ("train", "val", "test")}

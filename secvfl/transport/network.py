@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from secvfl.errors import MessageError
-from secvfl.messages import Message, decode, encode, encoded_payload_size, mark_delivered
+from secvfl.messages import Message, decode, encode, encode_many, encoded_payload_size, mark_delivered
 from secvfl.transport.base import CommStats, Transport
 from secvfl.transport.inprocess import InProcessTransport
 from secvfl.transport.layers import (
@@ -102,7 +102,8 @@ class Network:
             out = layer.outbound(out, sender)
         for m in out:
             self._known(m.receiver)
-            data = encode(m)
+        # one wait for the GPU tensors of all of them (secvfl.device.to_host), not one per message
+        for m, data in zip(out, encode_many(out), strict=True):
             self.transport.put(m.sender, m.receiver, m.kind, data)
             self.stats.count_payload(m.kind, encoded_payload_size(data))
 

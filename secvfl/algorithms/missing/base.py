@@ -155,7 +155,8 @@ class FlatOptimizer:
 def representation_model(ctx: RunContext, k: int) -> nn.Module:
     """``f_k``: the configured bottom model on block ``k``, output width ``--embedding-dim``."""
     cfg, part = ctx.config, ctx.partition
-    return make_bottom(cfg.bottom, len(part.blocks[k]), cfg.embedding_dim, list(cfg.hidden), part.block_shapes[k])
+    return make_bottom(cfg.bottom, len(part.blocks[k]), cfg.embedding_dim, list(cfg.hidden), part.block_shapes[k],
+                       channels=part.channels)
 
 
 def fusion_head(ctx: RunContext, in_dim: int) -> nn.Module:

@@ -24,6 +24,7 @@ from secvfl.algorithms.vim.options import VIMOptions
 from secvfl.errors import ConfigError
 from secvfl.handles import FeatureHandle, LabelHandle
 from secvfl.models import make_bottom, output_dim
+from secvfl.parties import optimizer_kernels
 from secvfl.transport.network import Network
 
 __all__ = ["VIMAlgorithm", "party_sgd", "label_sgd", "INDIVIDUAL_EMBEDDINGS"]
@@ -33,14 +34,18 @@ INDIVIDUAL_EMBEDDINGS = ("the label party needs each party's embedding h^k to st
                          "--algo vimadmm-j, whose label party needs only the sum of the parties' logits")
 
 
-def party_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer:  # noqa: ANN001 - parameters
-    """The parties' optimiser: SGD with momentum and weight decay beta (the paper's setting)."""
-    return torch.optim.SGD(params, lr=lr, momentum=options.vim_momentum, weight_decay=options.vim_beta)
+def party_sgd(params, options: VIMOptions, lr: float,  # noqa: ANN001 - parameters
+              device: torch.device | None = None) -> torch.optim.Optimizer:
+    """The parties' optimiser: SGD with momentum and weight decay beta (the paper's setting); ``device``: where the
+    parameters are (fused kernels on CUDA, :func:`~secvfl.parties.optimizer_kernels`)."""
+    return torch.optim.SGD(params, lr=lr, momentum=options.vim_momentum, weight_decay=options.vim_beta,
+                           **optimizer_kernels(device))
 
 
-def label_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer:  # noqa: ANN001 - parameters
+def label_sgd(params, options: VIMOptions, lr: float,  # noqa: ANN001 - parameters
+              device: torch.device | None = None) -> torch.optim.Optimizer:
     """The label party's optimiser: plain SGD with weight decay beta."""
-    return torch.optim.SGD(params, lr=lr, weight_decay=options.vim_beta)
+    return torch.optim.SGD(params, lr=lr, weight_decay=options.vim_beta, **optimizer_kernels(device))
 
 
 class VIMAlgorithm(FeatureLabelAlgorithm):
@@ -65,7 +70,8 @@ class VIMAlgorithm(FeatureLabelAlgorithm):
         self.d_f, self.d_c = cfg.embedding_dim, output_dim(data.n_classes)
         self.feature_handles: list[FeatureHandle] = []
         for k, name in enumerate(feature_party_names(part.n_blocks)):
-            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), self.d_f, list(cfg.hidden), part.block_shapes[k])
+            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), self.d_f, list(cfg.hidden), part.block_shapes[k],
+                                 channels=part.channels).to(device=ctx.device, dtype=ctx.dtype)
             blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
             observed = {s: ctx.masks[s][:, k] for s in ("train", "val", "test")}
             self.feature_handles.append(self.make_party(name, bottom, blocks, observed))

@@ -22,6 +22,7 @@ from torch import nn
 from secvfl.algorithms.vim.model import BOTTOM, HEAD, PartyHeads
 from secvfl.algorithms.vim.noise import NoisyFeatureParty
 from secvfl.algorithms.vim.zsolve import solve_z
+from secvfl.device import index_tensor, to_device
 from secvfl.errors import PartyIsolationError, ProtocolError, UnsupportedError
 from secvfl.messages import Message, register_kind
 from secvfl.parties import (
@@ -94,6 +95,58 @@ class _LocalSteps:
             group["lr"] = lr
 
 
+class _DeviceLocalSteps:
+    """:class:`_LocalSteps` decided on the parties' device: the objective is never read on the host, so on a GPU the
+    tau steps queue without a wait between them (:mod:`secvfl.device`).
+
+    The momentum reset multiplies the buffers by 0 or 1; the halved step size is carried as a factor on the
+    gradients instead of the learning rate (the weight decay is added to the gradient first, as torch's SGD does,
+    and taken out of the optimiser for the round). The factor is a power of two and the reset zeroes the buffer
+    whenever it changes, so the parameters move exactly as with :class:`_LocalSteps` (one reads the other's steps
+    bit for bit on the CPU: ``tests/test_vim_algorithms.py``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.decays = [g["weight_decay"] for g in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["weight_decay"] = 0.0
+        self.previous: torch.Tensor | None = None
+        self.scale: torch.Tensor | None = None
+        self._restarts: torch.Tensor | None = None
+
+    @property
+    def restarts(self) -> int:
+        return 0 if self._restarts is None else int(self._restarts)  # (read on the host: a wait, outside the steps)
+
+    def step(self, value: torch.Tensor) -> None:
+        value = value.detach()
+        if self.previous is None:
+            self.previous = torch.full_like(value, math.inf)
+            self.scale = torch.ones_like(value)
+            self._restarts = torch.zeros((), dtype=torch.int64, device=value.device)
+        rising = value > self.previous
+        blow_up = rising & (value - self.previous > self.previous.abs())
+        self._restarts += rising
+        self.scale = torch.where(blow_up, self.scale * 0.5, self.scale)
+        keep = (~rising).to(value.dtype)
+        for group, decay in zip(self.optimizer.param_groups, self.decays, strict=True):
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if decay:
+                    p.grad.add_(p.detach(), alpha=decay)
+                p.grad.mul_(self.scale)
+                buffer = self.optimizer.state.get(p, {}).get("momentum_buffer")
+                if buffer is not None:
+                    buffer.mul_(keep)
+        self.previous = value
+        self.optimizer.step()
+
+    def restore(self) -> None:
+        for group, decay in zip(self.optimizer.param_groups, self.decays, strict=True):
+            group["weight_decay"] = decay
+
+
 class ADMMFeatureParty(NoisyFeatureParty):
     """A feature party of VIMADMM (``joint=False``: sends embeddings ``h^k``) or VIMADMM-J (``joint=True``: its model
     is ``Sequential(bottom, head)`` and it sends logits ``o^k``; ``head_optimizer`` steps its head).
@@ -114,6 +167,8 @@ class ADMMFeatureParty(NoisyFeatureParty):
         self.rho, self.local_steps, self.joint, self.algo = rho, local_steps, joint, algo
         self.head_optimizer = head_optimizer
         self.prox = float(prox)
+        # the local steps' safeguard decided on the device (no host read per step) wherever that is not the CPU
+        self.steps_on_device = device.type != "cpu"
 
     def install_release_rule(self, make: Callable[[nn.Module], ReleaseRule]) -> None:
         raise UnsupportedError(_NO_FEATURE_DP.format(algo=self.algo))
@@ -126,8 +181,8 @@ class ADMMFeatureParty(NoisyFeatureParty):
             raise PartyIsolationError(f"{self.name} received a dual without a pending forward pass")
         x, out, held = self._pending
         self._pending = None
-        lam = dual.tensor("dual").to(device=self.device, dtype=out.dtype)
-        residual = dual.tensor("residual").to(device=self.device, dtype=out.dtype)
+        lam = to_device(dual.tensor("dual"), self.device, out.dtype)
+        residual = to_device(dual.tensor("residual"), self.device, out.dtype)
         if lam.dim() != 2 or lam.shape[0] != out.shape[0] or residual.shape != lam.shape or \
                 (self.joint and lam.shape != out.shape):
             raise PartyIsolationError(f"{self.name}: dual {tuple(lam.shape)} / residual {tuple(residual.shape)} for "
@@ -138,7 +193,7 @@ class ADMMFeatureParty(NoisyFeatureParty):
         else:
             if head is None:
                 raise PartyIsolationError(f"{self.name}: VIMADMM's local update needs its head W_k")
-            weight = require_wire(head, self.name).tensor("weight").to(device=self.device, dtype=out.dtype)
+            weight = to_device(require_wire(head, self.name).tensor("weight"), self.device, out.dtype)
             if weight.shape != (out.shape[1], lam.shape[1]):
                 raise PartyIsolationError(f"{self.name}: head of shape {tuple(weight.shape)} for output "
                                           f"{tuple(out.shape)} and dual {tuple(lam.shape)}")
@@ -153,7 +208,7 @@ class ADMMFeatureParty(NoisyFeatureParty):
         def objective(o: torch.Tensor) -> torch.Tensor:
             return admm_objective(o, lam, residual, self.rho, anchor=anchor, prox=self.prox)
 
-        steps = _LocalSteps(self.optimizer)
+        steps = _DeviceLocalSteps(self.optimizer) if self.steps_on_device else _LocalSteps(self.optimizer)
         try:
             for _ in range(self.local_steps):
                 if self.joint:
@@ -173,7 +228,7 @@ class ADMMFeatureParty(NoisyFeatureParty):
                     self.optimizer.zero_grad(set_to_none=True)
                     value = objective(held_rows(self.model(x)) @ weight)
                     value.backward()
-                steps.step(float(value.detach()))
+                steps.step(value.detach() if self.steps_on_device else float(value.detach()))
         finally:
             steps.restore()
 
@@ -237,19 +292,19 @@ class ADMMLabelParty(LabelParty):
         raise UnsupportedError(f"the {self.algo} label party trains by admm_step, not by a backward pass")
 
     def admm_step(self, step: int, ids: np.ndarray, inputs: Sequence[Message], senders: Sequence[str], *,
-                  aggregated: bool) -> tuple[float, list[Message]]:
+                  aggregated: bool) -> tuple[torch.Tensor, list[Message]]:
         """One round at the label party: z (eq. 6/16), lambda (eq. 7/17), for VIMADMM one SGD step of the heads
-        (eq. 8) and the residuals (eq. 9); returns the batch loss before the round and the messages to send."""
-        xs = [require_wire(m, self.name).tensor(self.input_kind).to(device=self.device, dtype=self.dtype)
-              for m in inputs]
+        (eq. 8) and the residuals (eq. 9); returns the batch loss before the round (a one-element tensor, to read
+        once the messages are sent) and the messages to send."""
+        xs = [to_device(require_wire(m, self.name).tensor(self.input_kind), self.device, self.dtype) for m in inputs]
         y = self.labels("train", ids)
         if y.is_floating_point():
             raise ProtocolError(f"{self.algo}: the label party's training labels are not class labels")
-        rows = torch.as_tensor(np.asarray(ids), device=self.device)
+        rows = index_tensor(np.asarray(ids), self.device)
         self.head.train()
         with torch.no_grad():
             v = self._forward(xs, aggregated, None)
-            loss = float(self.loss_fn(v, y))
+            loss = self.loss_fn(v, y)
         z, steps = solve_z(v, self.lam[rows], y, self.rho, tol=self.tol)
         self.newton_steps += steps
         lam = self.lam[rows] + self.rho * (v - z)
