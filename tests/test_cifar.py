@@ -204,7 +204,7 @@ def test_the_image_bottoms_are_refused_where_the_parties_run_no_such_model(capsy
         assert main(["train", "--algo", algo, "--dataset", "digits", "--bottom", "cnn", "--device", "cpu",
                      "--no-progress"]) == 2
         err = capsys.readouterr().err
-        assert f"--bottom cnn does not apply to --algo {algo}" in err and "Traceback" not in err
+        assert f"--bottom does not apply to --algo {algo} (drop it)" in err and "Traceback" not in err
 
 
 def test_cifar_shortcuts_look_in_the_data_directory(cifar10, tmp_path: Path) -> None:

@@ -800,7 +800,7 @@ CASES: list[Case] = [
     Case(("train", "--dataset", "wine", "--bottom", "resnet"), "--bottom resnet needs image data split into regions",
          id="resnet-bottom-on-a-table"),
     Case(("train", "--dataset", "digits", "--algo", "eg", "--bottom", "cnn"),
-         "--bottom cnn does not apply to --algo eg, whose parties run a linear map", id="cnn-bottom-for-a-linear-algo"),
+         "--bottom does not apply to --algo eg (drop it): its model is linear", id="cnn-bottom-for-a-linear-algo"),
     Case(("train", "--dataset", "cifar:{tmp}/nothing"), "nothing does not exist; pass cifar:PATH", id="cifar-missing"),
     Case(("train", "--dataset", "cifar:{tmp}"), "holds no CIFAR files", id="cifar-folder-without-files"),
     Case(("train", "--dataset", "cifar:{tmp}/c"), "/c: 100 bytes is not a whole number of 3073-byte CIFAR-10 records", setup=_all(_write("c/data_batch_1.bin", bytes(100)),

@@ -279,10 +279,10 @@ def test_a_damaged_byte_in_the_checksum_field_name_is_refused(two_epoch_run):
 def test_resume_without_a_checkpoint_starts_the_run_again_from_its_beginning(tmp_path, capsys):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    (run_dir / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 2\n')  # killed in its first epoch
+    (run_dir / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 2\ndevice = "cpu"\n')  # killed in its first epoch
     assert _train("--resume", run_dir) == 0
     assert "from its beginning" in capsys.readouterr().out
-    fresh = run_training(TrainConfig(dataset="wine", parties=2, epochs=2), out=tmp_path / "fresh", progress=False,
+    fresh = run_training(TrainConfig(dataset="wine", parties=2, epochs=2, device="cpu"), out=tmp_path / "fresh", progress=False,
                          log=lambda *_: None)
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["metrics"]["test"] == fresh["metrics"]["test"] and resumed["comm"] == fresh["comm"]
@@ -387,6 +387,6 @@ def test_a_diverged_run_blames_no_step_size_when_the_data_are_not_finite_or_no_f
 
 def test_an_online_run_names_its_block_score_prequential(tmp_path, capsys) -> None:
     assert main(["train", "--algo", "dlr", "--dataset", "wine", "--parties", "2", "--epochs", "1", "--no-progress",
-                 "--out", str(tmp_path / "r")]) == 0
+                 "--device", "cpu", "--out", str(tmp_path / "r")]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 1/1")]
     assert len(lines) == 1 and " prequential accuracy " in lines[0] and " val " not in lines[0]

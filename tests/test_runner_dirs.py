@@ -45,7 +45,7 @@ def test_out_refuses_a_run_of_other_settings_and_accepts_the_same_run_stopped_be
         tmp_path, capsys) -> None:
     for name in ("run", "same"):  # runs stopped before their first checkpoint
         (tmp_path / name).mkdir()
-        (tmp_path / name / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 1\nlr = 0.01\n')
+        (tmp_path / name / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 1\nlr = 0.01\ndevice = "cpu"\n')
     run = tmp_path / "run"
     assert _train(*_WINE, "--epochs", "1", "--out", run) == 2
     line = _error(capsys)
@@ -91,7 +91,7 @@ def test_a_second_writer_gets_one_line_naming_the_holder_and_a_killed_holder_lea
         assert _train(*_WINE, "--epochs", "1", "--out", run) == 2
         line = _error(capsys)
         assert f"--out {run} is in use: secvfl process {holder.pid} is writing a run there" in line
-        (run / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 1\n')
+        (run / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 1\ndevice = "cpu"\n')
         assert _train("--resume", run) == 2
         assert f"is in use: secvfl process {holder.pid}" in _error(capsys)
     finally:

@@ -20,7 +20,7 @@ from torch import nn
 
 from secvfl.errors import ConfigError
 
-__all__ = ["MLP", "SmallCNN", "ResNetBottom", "make_bottom", "IMAGE_BOTTOMS", "refuse_image_bottom"]
+__all__ = ["MLP", "SmallCNN", "ResNetBottom", "make_bottom", "IMAGE_BOTTOMS"]
 
 IMAGE_BOTTOMS = ("cnn", "resnet")
 
@@ -133,11 +133,3 @@ def make_bottom(kind: str, in_dim: int, out_dim: int, hidden: list[int], shape: 
             return SmallCNN(shape, out_dim, in_channels=channels)
         return ResNetBottom(shape, out_dim, in_channels=channels, width=hidden[0] if hidden else 16)
     raise ConfigError(f"unknown bottom model {kind!r}; choose mlp, cnn or resnet")
-
-
-def refuse_image_bottom(bottom: str, algo: str, what: str) -> None:
-    """A family whose parties do not run :func:`make_bottom`'s models refuses an image bottom in one line."""
-    if bottom != "mlp":
-        raise ConfigError(f"--bottom {bottom} does not apply to --algo {algo}, whose parties run {what}; drop "
-                          "--bottom (the image bottoms train with splitnn, vafl, fdml, local, the LASER-VFL family "
-                          "and VIM)")

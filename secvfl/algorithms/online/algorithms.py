@@ -37,7 +37,6 @@ from secvfl.algorithms.online.streams import Feed, StreamReplay
 from secvfl.data import make_partition
 from secvfl.errors import ConfigError
 from secvfl.handles import PartyHandle, local_party
-from secvfl.models import refuse_image_bottom
 from secvfl.parties import ProtocolHooks
 from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
@@ -66,7 +65,6 @@ class OnlineVFL(Algorithm):
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         cfg, data = ctx.config, ctx.data
-        refuse_image_bottom(cfg.bottom, self.name, "one linear layer on their columns (--online-embedding)")
         self.opts = opts = cfg.options_for(OnlineOptions)
         spec = parse_activation(opts.activation)
         part = ctx.partition

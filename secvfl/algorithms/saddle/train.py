@@ -53,7 +53,6 @@ from secvfl.algorithms.saddle.methods import build_method
 from secvfl.errors import ConfigError, UnsupportedError
 from secvfl.handles import LocalHandle, PartyHandle
 from secvfl.metrics import classification_metrics
-from secvfl.models import refuse_image_bottom
 from secvfl.transport.layers import AlgorithmTraits
 from secvfl.transport.network import Network
 
@@ -102,7 +101,6 @@ class LinearSaddleTrainer(Algorithm):
         super().__init__(ctx, net)
         _require_complete(ctx, self.name)
         cfg, data, part = ctx.config, ctx.data, ctx.partition
-        refuse_image_bottom(cfg.bottom, self.name, "a linear map of their columns")
         self.options = cfg.options_for(SaddleOptions)
         mu = self.options.saddle_mu
         mu = mu if mu is not None else (cfg.weight_decay if cfg.weight_decay > 0 else 1e-3)
@@ -240,7 +238,6 @@ class SaddleMLPTrainer(Algorithm):
         super().__init__(ctx, net)
         _require_complete(ctx, self.name)
         cfg, data, part = ctx.config, ctx.data, ctx.partition
-        refuse_image_bottom(cfg.bottom, self.name, "MLPs (--hidden)")
         blocks = [{s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
                   for k in range(part.n_blocks)]
         labels = {s: np.asarray(getattr(data, f"y_{s}")) for s in ("train", "val", "test")}
