@@ -65,7 +65,7 @@ from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
 __all__ = ["PsiParty", "Alignment", "Workers", "align", "align_with_peers", "align_rows_with_peers",
-           "hash_to_curve", "match_width", "POINTS_KIND", "REBLINDED_KIND", "CHUNK_IDS", "MAX_PEER_IDS"]
+           "hash_to_curve", "match_width", "PROTOCOL", "POINTS_KIND", "REBLINDED_KIND", "CHUNK_IDS", "MAX_PEER_IDS"]
 
 POINTS_KIND = register_kind("psi-points")  # round 1: own ids blinded with own scalar, a chunk of the sorted set
 REBLINDED_KIND = register_kind("psi-reblinded")  # round 2: match values of the peer's points, same order and chunks
@@ -73,6 +73,7 @@ REBLINDED_KIND = register_kind("psi-reblinded")  # round 2: match values of the 
 CHUNK_IDS = 1 << 14  # ids or points per task and per message (512 KiB of points)
 MAX_PEER_IDS = 10**9  # the largest set a party accepts from a peer (32 GB of points: a bug, not a federation)
 STATISTICAL_BITS = 40  # a false match anywhere in a pair of sets has probability at most 2^-40
+PROTOCOL = "ECDH-PSI over Curve25519 (X25519; semi-honest, DDH)"
 
 ProgressFn = Callable[[str], None]
 

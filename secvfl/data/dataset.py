@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +22,9 @@ class RawData:
     X_test: np.ndarray | None = None  # a split that ships with the data (MNIST, a9a.t)
     y_test: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
+    # A large table (secvfl.data.table): X is float32 after subtracting ``shift`` per column (values = X + shift).
+    shift: np.ndarray | None = None
+    encodings: list[Any] | None = None  # per source column, what it became (secvfl.data.csv_loader.ColumnEncoding)
 
 
 @dataclass
@@ -43,6 +47,9 @@ class Dataset:
     classes: list[str]
     image_shape: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
+    # The fitted preprocessing (secvfl.data.preprocess.Standardisation), to prepare new rows the same way.
+    standardisation: Any = None
+    encodings: list[Any] | None = None
 
     @property
     def n_features(self) -> int:
