@@ -130,7 +130,9 @@ class Workers:
                     yield fn(*task)
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.processes, mp_context=get_context("spawn"))
+            # Workers run at a lower priority: the party's own process keeps its transport and heartbeats on time.
+            self._pool = ProcessPoolExecutor(self.processes, mp_context=get_context("spawn"), initializer=os.nice,
+                                             initargs=(5,))
         pending: deque[Future] = deque()
         for task in (first, second):
             pending.append(self._pool.submit(fn, *task))

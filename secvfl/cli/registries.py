@@ -41,6 +41,7 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.experiments.vim",
     "secvfl.bench.vim",
     "secvfl.bench.transport",
+    "secvfl.bench.scale",
 ]
 _loaded = False
 
