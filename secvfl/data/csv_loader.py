@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +28,8 @@ from secvfl.data.table import (
 )
 from secvfl.errors import DataError
 
-__all__ = ["load_csv", "MISSING_TOKENS", "ColumnEncoding", "FeatureBlock", "encode_columns", "encode_labels",
-           "label_codes"]
+__all__ = ["load_csv", "MISSING_TOKENS", "ColumnEncoding", "FeatureBlock", "LazyBlock", "encode_columns",
+           "encode_labels", "label_codes"]
 
 
 @dataclass
@@ -110,12 +111,96 @@ def _check_finite(col: Column, rows: np.ndarray | None, table: TableFile) -> Non
                         "be finite (write a missing cell as empty or NA)")
 
 
+class _Feature:
+    """How to produce one source column's features at any rows: numbers (float64 values, or float32 values minus a
+    shift) or one-hot categories (each distinct text's category, -1 unseen, and whether it is missing)."""
+
+    def __init__(self, col: Column, enc: ColumnEncoding, lean: bool) -> None:
+        self.width = len(enc.output_names)
+        self.values: np.ndarray | None = None
+        self.per_text: np.ndarray | None = None
+        self.codes = col.codes
+        self.shift = 0.0
+        if enc.kind == "number":
+            if col.values is not None:
+                self.values, self.shift = col.values, col.shift
+            else:
+                self.per_text = _numbers_of(Column(col.name, codes=np.arange(len(col.texts)), texts=col.texts), None)
+            if lean and (self.values is None or self.values.dtype != np.float32):  # a shift keeps float32 precise
+                v = self.values if self.values is not None else self.per_text
+                with np.errstate(invalid="ignore"):
+                    finite = np.flatnonzero(np.isfinite(v[: 1 << 16] if self.values is not None else v))
+                    if not len(finite) and self.values is not None:
+                        finite = np.flatnonzero(np.isfinite(v))
+                self.shift = float(v[finite[0]]) if len(finite) else 0.0
+        else:
+            index = {c: i for i, c in enumerate(enc.categories)}
+            texts = col.texts if col.texts is not None else []
+            self.position = np.array([index.get(t.strip(), -1) for t in texts], dtype=np.int64)
+            self.missing = _missing_texts(texts)
+
+    def fill(self, out: np.ndarray, src: np.ndarray | None, shifted: bool) -> None:
+        """Write this column's features at table rows ``src`` (None: all) into ``out`` (rows x width)."""
+        if self.values is not None or self.per_text is not None:
+            if self.values is not None:
+                v = self.values if src is None else self.values[src]
+                if v.dtype == np.float32:  # stored minus its shift
+                    out[:, 0] = v if shifted else v.astype(np.float64) + self.shift
+                    return
+            else:
+                v = self.per_text[self.codes if src is None else self.codes[src]]
+            out[:, 0] = v - self.shift if shifted else v
+            return
+        at = self.position[self.codes if src is None else self.codes[src]]
+        out[:] = 0.0
+        seen = np.flatnonzero(at >= 0)
+        out[seen, at[seen]] = 1.0
+        out[self.missing[self.codes if src is None else self.codes[src]]] = np.nan
+
+
+class LazyBlock:
+    """A large table's features without materialising them: ``block[rows]`` assembles those rows (float32, each
+    feature minus ``shift``) from the columns as read (float32 numbers, text codes). secvfl.data.preprocess reads it
+    in row chunks; ``np.asarray(block)`` materialises it all."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, features: list[_Feature], rows: np.ndarray | None, n: int) -> None:
+        self.features, self.rows = features, rows
+        self.shape = (n, sum(f.width for f in features))
+        self.shift = np.concatenate([np.full(f.width, f.shift) if f.per_text is not None or f.values is not None
+                                     else np.zeros(f.width) for f in features]) if features else np.zeros(0)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, tuple):
+            return self[key[0]][(slice(None), *key[1:])]
+        idx = np.arange(self.shape[0])[key] if isinstance(key, slice) else np.asarray(key, dtype=np.int64)
+        src = idx if self.rows is None else self.rows[idx]
+        out = np.empty((len(idx), self.shape[1]), dtype=np.float32)
+        j = 0
+        for f in self.features:
+            f.fill(out[:, j : j + f.width], src, shifted=True)
+            j += f.width
+        return out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[np.arange(self.shape[0])]
+        return out if dtype is None else out.astype(dtype)
+
+
 def encode_columns(columns: Sequence[Column], table: TableFile, *, rows: np.ndarray | None = None,
                    fit_rows: np.ndarray | None = None, encodings: Sequence[ColumnEncoding] | None = None,
                    lean: bool | None = None) -> FeatureBlock:
     """Columns as features at ``rows`` (all rows by default), encoded as fitted on ``fit_rows`` (default: the same
-    rows) or as ``encodings`` say. ``lean`` (default: whether the table is large or read as float32) gives float32
-    minus a per-feature shift instead of float64."""
+    rows) or as ``encodings`` say. ``lean`` (default: whether the table is large or read as float32) gives a
+    :class:`LazyBlock` (float32 minus a per-feature shift, assembled by rows when read) instead of float64."""
     fit_rows = rows if fit_rows is None else fit_rows
     if encodings is None:
         encodings = []
@@ -126,41 +211,17 @@ def encode_columns(columns: Sequence[Column], table: TableFile, *, rows: np.ndar
     width = sum(len(e.output_names) for e in encodings)
     if lean is None:
         lean = any(c.values is not None and c.values.dtype == np.float32 for c in columns) or n * width > EXACT_CELLS
-    X = np.empty((n, width), dtype=np.float32 if lean else np.float64)
-    shift = np.zeros(width) if lean else None
-    names: list[str] = []
+    features = [_Feature(col, enc, lean) for col, enc in zip(columns, encodings, strict=True)]
+    names = [name for enc in encodings for name in enc.output_names]
+    if lean:
+        block = LazyBlock(features, rows, n)
+        return FeatureBlock(block, names, list(encodings), block.shift)  # type: ignore[arg-type]
+    X = np.empty((n, width), dtype=np.float64)
     j = 0
-    for col, enc in zip(columns, encodings, strict=True):
-        if enc.kind == "number":
-            if lean and col.values is not None and col.values.dtype == np.float32:
-                X[:, j] = col.values if rows is None else col.values[rows]
-                shift[j] = col.shift
-            elif lean:
-                v = _numbers_of(col, rows)
-                with np.errstate(invalid="ignore"):
-                    finite = v[np.isfinite(v)]
-                shift[j] = finite[0] if len(finite) else 0.0
-                X[:, j] = v - shift[j]
-            else:
-                X[:, j] = _numbers_of(col, rows)
-            j += 1
-        else:
-            k = len(enc.categories)
-            index = {c: i for i, c in enumerate(enc.categories)}
-            texts = col.texts if col.texts is not None else []
-            stripped = [t.strip() for t in texts]
-            missing = _missing_texts(texts)
-            position = np.array([index.get(s, -1) for s in stripped], dtype=np.int64)  # -1: unseen category
-            codes = col.codes if rows is None else col.codes[rows]
-            block = X[:, j : j + k]
-            block[:] = 0.0
-            at = position[codes]
-            seen = at >= 0
-            block[np.flatnonzero(seen), at[seen]] = 1.0
-            block[missing[codes]] = np.nan
-            j += k
-        names.extend(enc.output_names)
-    return FeatureBlock(X, names, list(encodings), shift)
+    for f in features:
+        f.fill(X[:, j : j + f.width], rows, shifted=False)
+        j += f.width
+    return FeatureBlock(X, names, list(encodings), None)
 
 
 def label_codes(col: Column) -> tuple[np.ndarray, list[str]]:

@@ -318,6 +318,7 @@ def _prepare_large(raw: RawData, name: str, *, seed: int, val_fraction: float, t
     if raw.X_test is not None or raw.image_shape is not None:
         raise DataError("a table read as float32 has no test file and no image grid")  # pragma: no cover
     X, shift, y = raw.X, np.asarray(raw.shift, dtype=np.float64), raw.y.astype(np.int64, copy=False)
+    # X: float32 values minus shift, or a LazyBlock (secvfl.data.csv_loader) that assembles rows when indexed
     names = list(raw.feature_names)
     notes = list(raw.notes)
     n, d = X.shape
@@ -419,7 +420,10 @@ def _prepare_large(raw: RawData, name: str, *, seed: int, val_fraction: float, t
             v = values(idx, cols) - mu
             squares += np.where(np.isnan(v), 0.0, v * v).sum(axis=0)
         sd = np.sqrt(squares / max(len(train), 1))
-    _check_statistics(name, names, lambda j: X[:, cols[j]].astype(np.float64) + shift[cols[j]], mu, sd)
+    def column(j: int | None) -> np.ndarray:  # column j's values, in chunks (for the message only)
+        return np.concatenate([values(idx, cols[j : j + 1])[:, 0] for idx in _row_chunks(every)] or [np.zeros(0)])
+
+    _check_statistics(name, names, column, mu, sd)
     sd = np.where(sd < 1e-12, 1.0, sd)
     notes.append("standardised with training-split statistics")
     block = np.empty((len(train) + len(val) + len(test), len(cols)), dtype=np.float32)

@@ -44,7 +44,7 @@ __all__ = ["MISSING_TOKENS", "ID_NAMES", "EXACT_CELLS", "TableFile", "Column", "
 
 MISSING_TOKENS = frozenset({"", "?", "na", "n/a", "nan", "null", "none", "-"})
 ID_NAMES = frozenset({"id", "ids", "index", "row_id", "customer_id", "client_id"})
-EXACT_CELLS = 1 << 26  # numeric cells kept in float64 (512 MB); above, float32 after a per-column shift
+EXACT_CELLS = 1 << 24  # numeric cells kept in float64 (128 MB); above, float32 after a per-column shift
 _BLOCK_BYTES = 16 << 20
 _PARQUET_BATCH = 1 << 16
 
@@ -172,8 +172,8 @@ class Column:
 class _Numbers:
     """Numeric cells of several columns, batch by batch: float64 while small, float32 minus a shift when large."""
 
-    def __init__(self, names: list[str], exact_cells: int) -> None:
-        self.names, self.exact_cells = names, exact_cells
+    def __init__(self, names: list[str], exact_cells: int, where: Path) -> None:
+        self.names, self.exact_cells, self.where = names, exact_cells, where
         self.blocks: list[np.ndarray] = []
         self.cells = 0
         self.shift: np.ndarray | None = None  # set when the storage turns float32
@@ -186,8 +186,24 @@ class _Numbers:
                 finite = np.isfinite(first)
             row = np.where(finite.any(axis=0), finite.argmax(axis=0), 0)
             self.shift = np.where(finite.any(axis=0), first[row, np.arange(first.shape[1])], 0.0)
-            self.blocks = [(b - self.shift).astype(np.float32) for b in self.blocks]
-        self.blocks.append(block if self.shift is None else (block - self.shift).astype(np.float32))
+            held, self.blocks = self.blocks, []
+            for b in held:
+                self._store(b)
+        if self.shift is None:
+            self.blocks.append(block)
+        else:
+            self._store(block)
+
+    def _store(self, block: np.ndarray) -> None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            stored = (block - self.shift).astype(np.float32)
+            over = np.isinf(stored) & ~np.isinf(block)
+        if over.any():
+            j = int(np.flatnonzero(over.any(axis=0))[0])
+            raise DataError(f"{self.where}: column {self.names[j]!r} holds values as large as "
+                            f"{float(np.nanmax(np.abs(block[:, j]))):.3g}, beyond what a large table keeps (float32 "
+                            "after centring, up to 3e38); rescale the column in the file (divide it by a power of ten)")
+        self.blocks.append(stored)
 
     def columns(self) -> Iterator[tuple[str, np.ndarray, float]]:
         if not self.names:
@@ -313,7 +329,7 @@ def _read_csv(table: TableFile, wanted: list[str], forced: set[str], keep_arrow:
         types = {c: pa.float64() if c not in forced and _numeric_type(schema.field(c).type) else pa.string()
                  for c in wanted}
         numeric = [c for c in wanted if types[c] == pa.float64()]
-        numbers = _Numbers(numeric, limit)
+        numbers = _Numbers(numeric, limit, table.path)
         texts = {c: _Texts(c in keep_arrow) for c in wanted if c not in numeric}
         bad_rows.clear()
         with _open_stream(table) as stream:
@@ -394,7 +410,7 @@ def _read_parquet(table: TableFile, wanted: list[str], forced: set[str], keep_ar
                 raise DataError(f"{table.path}: column {c!r} has Parquet type {t}; secvfl reads numbers, booleans "
                                 "and strings: convert it (a date to a number of days, say) when exporting")
         numeric = [c for c in wanted if kinds[c] == "number"]
-        numbers = _Numbers(numeric, limit)
+        numbers = _Numbers(numeric, limit, table.path)
         texts = {c: _Texts(c in keep_arrow) for c in wanted if c not in numeric}
         for batch in source.iter_batches(batch_size=_PARQUET_BATCH, columns=wanted):
             cast = {}
