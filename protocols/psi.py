@@ -40,7 +40,7 @@ Scale: ids live in one UTF-8 buffer with int64 offsets (a list of str, or an Arr
 Python object per id for the latter); the curve work runs in a pool of worker processes of the party's own (a chunk
 of 16,384 ids or points per task; ``workers``); messages are chunks of at most 16,384 points (512 KiB), each
 declaring the set's total, so a receiver bounds what it accepts (``max_peer_ids``) and holds a peer's set as one
-array. Memory per party: 32 bytes per own id (round 1, sorted), ``w`` bytes per own and per peer id (round 2), the
+array. Memory per party: 32 bytes per own id (round 1), ``w`` bytes per own and per peer id (round 2), the
 ids themselves and 8 bytes of index per id.
 """
 
@@ -175,9 +175,9 @@ class _Ids:
                 raise DataError(f"{party}'s ids must be strings (as read from a file), got Arrow type {arr.type}")
             if arr.null_count:
                 raise DataError(f"{party}'s ids hold {arr.null_count} missing value(s); every row needs an id")
-            arr = arr.cast(pa.large_string())
-            buffers = arr.buffers()
-            self.offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+            buffers = arr.buffers()  # int32 offsets (string) or int64 (large_string), read where they lie
+            width = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+            self.offsets = np.frombuffer(buffers[1], dtype=width)[arr.offset : arr.offset + len(arr) + 1]
             self.data = memoryview(buffers[2]) if buffers[2] is not None else memoryview(b"")
             self.arrow = arr
         else:
@@ -197,7 +197,7 @@ class _Ids:
 
     def chunk(self, start: int, stop: int) -> tuple[bytes, bytes]:
         """(offsets relative to the chunk, as int64 bytes; the chunk's UTF-8 bytes): one task for a worker."""
-        offs = self.offsets[start : stop + 1]
+        offs = self.offsets[start : stop + 1].astype(np.int64)
         return (offs - offs[0]).tobytes(), bytes(self.data[offs[0] : offs[-1]])
 
     def take(self, rows: np.ndarray) -> Any:
@@ -272,8 +272,8 @@ class PsiParty:
         self._progress = progress
         self.max_peer_ids = int(max_peer_ids)
         self._key = _new_key()
-        self._sent: np.ndarray | None = None  # (n distinct, 32): own blinded ids, sorted
-        self._order: np.ndarray | None = None  # input row of each sent point
+        self._points: np.ndarray | None = None  # (n, 32): own blinded ids, in input order
+        self._order: np.ndarray | None = None  # input row of each sent point (sorted by value, distinct)
         self._theirs: dict[str, np.ndarray] = {}  # peer -> (m, w) match values of the peer's ids
         self.shared_rows: dict[str, np.ndarray] = {}  # peer -> own input rows (first of repeats) the peer holds
 
@@ -308,7 +308,7 @@ class PsiParty:
             start += len(block)
             progress.update(start)
         self._order = _sorted_distinct(points)
-        self._sent = points[self._order]
+        self._points = points  # sent in sorted order chunk by chunk (no sorted copy of the whole set)
 
     def points_for(self, peer: str, step: int = 0) -> Iterator[Message]:
         """Round 1: own distinct ids blinded with the run's scalar, sorted by value, in chunks; the first declares
@@ -317,12 +317,13 @@ class PsiParty:
         total = len(self._order)
         for start in range(0, max(total, 1), CHUNK_IDS):
             stop = min(total, start + CHUNK_IDS)
-            yield Message(POINTS_KIND, self.name, peer, step, blobs={"points": self._sent[start:stop].tobytes()},
+            chunk = self._points[self._order[start:stop]].tobytes()
+            yield Message(POINTS_KIND, self.name, peer, step, blobs={"points": chunk},
                           meta={"total": total, "offset": start, "count": stop - start})
 
     def release_points(self) -> None:
         """Drop the round-1 points once every peer has them (only the input order of each is kept)."""
-        self._sent = None
+        self._points = None
 
     def reblind(self, peer: str, chunks: Iterable[Message], step: int = 0) -> Iterator[Message]:
         """Round 2: the match value of every point the peer sent, in its order and chunks; keeps them to compare."""

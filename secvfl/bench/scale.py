@@ -29,6 +29,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,53 @@ def make_federation_files(folder: Path, n: int, overlap: float, columns: int, fo
 
 
 # -- measurements, each in its own process ----------------------------------------------------------------------
+def _status_mb(pid: int | str, field: str) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
 def _rss() -> dict[str, float]:
-    return {"main_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "largest_worker_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}
+    """Peak RSS of this process (VmHWM: its own, not the parent's it was started from, as ru_maxrss would be)."""
+    return {"main_mb": round(_status_mb("self", "VmHWM"), 1)}
+
+
+def _descendants(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                out += [int(child), *_descendants(int(child))]
+    except OSError:
+        pass
+    return out
+
+
+class _PeakTreeRss(threading.Thread):
+    """Samples the RSS of this process and all its descendants (a party's worker pool) together, every 0.1 s."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = self.now()
+        self.done = threading.Event()
+
+    @staticmethod
+    def now() -> float:
+        me = os.getpid()
+        return sum(_status_mb(p, "VmRSS") for p in [me, *_descendants(me)])
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            self.peak = max(self.peak, self.now())
+
+    def stop(self) -> float:
+        self.done.set()
+        self.join(5)
+        return round(max(self.peak, self.now()), 1)
 
 
 def _cpu_seconds() -> float:
@@ -126,7 +171,9 @@ def _psi_party(fed_path: str, name: str, ids_file: str, peers: list[str], worker
 
         federation = load_federation(Path(fed_path))
         runs = run_names(federation)
-        baseline = _rss()["main_mb"]  # the process with its libraries (torch, grpc, pyarrow), before any id
+        baseline = _PeakTreeRss.now()  # the process with its libraries (torch, grpc, pyarrow), before any id
+        sampler = _PeakTreeRss()
+        sampler.start()
         t0 = time.perf_counter()
         ids = pq.read_table(ids_file, columns=["id"]).column("id").combine_chunks()
         read_seconds = time.perf_counter() - t0
@@ -140,13 +187,14 @@ def _psi_party(fed_path: str, name: str, ids_file: str, peers: list[str], worker
             rows = align_rows_with_peers(net, runs[name], [runs[p] for p in peers], ids, workers=pool)
         seconds = time.perf_counter() - t0
         cpu = _cpu_seconds() - cpu0
+        peak = sampler.stop()
         time.sleep(1.0)  # let the last frames leave before closing
         transport.close()
         queue.put({"party": name, "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2),
                    "read_ids_seconds": round(read_seconds, 2),
                    "bytes_sent": transport.stats.bytes_total, "messages_sent": transport.stats.messages_total,
                    "shared": {p: int(len(r)) for p, r in rows.items()},
-                   "baseline_mb": baseline, **_rss()})
+                   "baseline_mb": round(baseline, 1), "peak_mb": peak, "main_peak_mb": _rss()["main_mb"]})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the bench with it
         queue.put({"party": name, "error": f"{type(exc).__name__}: {exc}"})
 
@@ -170,9 +218,9 @@ def _align(folder: Path, files: dict[str, dict[str, Path]], parties: list[str], 
     wall = time.perf_counter() - t0
     for proc in procs:
         proc.join(60)
-    errors = [r["error"] for r in results if "error" in r]
+    errors = [f"{r['party']}: {r['error']}" for r in results if "error" in r]
     if errors:
-        raise RuntimeError(f"PSI party failed: {errors[0]}")
+        raise RuntimeError("PSI parties failed: " + "; ".join(errors))
     by_party = {r.pop("party"): r for r in results}
     shared = int(round(overlap * n))
     for p, r in by_party.items():  # exactly the true intersection, on every party's side
