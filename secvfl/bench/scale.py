@@ -203,7 +203,7 @@ def _align(folder: Path, files: dict[str, dict[str, Path]], parties: list[str], 
            overlap: float) -> dict[str, Any]:
     from secvfl.deploy.loopback import loopback_federation
 
-    fed = loopback_federation(folder / f"fed-{len(parties)}", len(parties) - 1, name="scale")
+    fed = loopback_federation(Path(tempfile.mkdtemp(prefix="fed-", dir=folder)), len(parties) - 1, name="scale")
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(len(parties)), ctx.Queue()
     procs = []
