@@ -2,14 +2,19 @@
 
 When the federation file gives every party a ``data`` table, no process reads another party's file:
 
-1. each party reads its own file (its id column and its feature columns; the label party its id and label columns);
-2. the label party runs ECDH-PSI with each feature party over the run's transport (``align_ids``, protocols.psi:
-   each side learns which of its own ids the other holds, nothing else);
+1. each party reads its own file (CSV, gzip or Parquet, with pyarrow: its id column and its feature columns; the label
+   party its id and label columns), without a Python object per cell;
+2. the label party runs ECDH-PSI with each feature party over the run's transport (``align_ids``, given by the
+   command: protocols.psi.align_rows_with_peers, chunked messages, progress on stderr; each side learns which of its
+   own ids the other holds, nothing else);
 3. the label party keeps the ids it shares with *every* feature party, in the order of its own file, and draws the
    train / validation / test rows from its labels exactly as ``secvfl train`` does (secvfl.data.preprocess.
-   split_rows); it sends each feature party the ids of each split (ids that party already holds);
+   split_rows); it sends each feature party the ids of each split (ids that party already holds) as ``plan-ids``
+   messages of at most :data:`PLAN_CHUNK` ids, each declaring its split's total (:func:`send_plan`);
 4. each feature party prepares its own columns for those rows (missing values, one-hot categories, standardisation
-   with its training rows' statistics: :func:`secvfl.data.preprocess.prepare`) and answers with its width;
+   with its training rows' statistics: :func:`secvfl.data.preprocess.prepare`), keeps that fitted preprocessing in
+   its own directory (:func:`save_preprocessing`; :func:`read_prepared_table` prepares new rows with it) and answers
+   with its width;
 5. every process builds the run from a table in which only its own block (or, at the label party, the labels) is
    filled: the other blocks are zeros of the announced widths, so the algorithm code is the same as in one process.
 
