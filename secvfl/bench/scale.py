@@ -327,6 +327,45 @@ def _epoch(n: int, columns: int, queue: Any) -> None:
         queue.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
+def _kernel(count: int = 20_000) -> dict[str, Any]:
+    """The floor of the alignment: CPU microseconds of each step of the curve arithmetic, in this process, one core.
+    A pair of sets of n and m ids costs (n + m) hashes, 2 (n + m) multiplications and (n + m) point checks."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+    from protocols.psi_kernel import DOMAIN, blind_ids, hash_to_curve, on_curve, reblind_points
+
+    ids = [f"C{i:010d}".encode() for i in range(count)]
+    key = X25519PrivateKey.generate()
+    points = [hash_to_curve(i) for i in ids]
+    public = [X25519PublicKey.from_public_bytes(u) for u in points]
+
+    def per_op(fn: Any) -> float:
+        t0 = time.process_time()
+        fn()
+        return round(1e6 * (time.process_time() - t0) / count, 2)
+
+    offsets = np.cumsum([0, *[len(i) for i in ids]]).astype(np.int64).tobytes()
+    blinded = blind_ids(key.private_bytes_raw(), offsets, b"".join(ids))
+    steps = {
+        "sha256": per_op(lambda: [hashlib.sha256(DOMAIN + b"\0" + i).digest() for i in ids]),
+        "hash_to_curve (sha256 + Legendre, ~2 tries)": per_op(lambda: [hash_to_curve(i) for i in ids]),
+        "Legendre check of a received point": per_op(lambda: [on_curve(int.from_bytes(u, "little")) for u in points]),
+        "X25519 key object from bytes": per_op(lambda: [X25519PublicKey.from_public_bytes(u) for u in points]),
+        "X25519 multiplication (OpenSSL)": per_op(lambda: [key.exchange(p) for p in public]),
+        "blind an id (kernel: all of the above)": per_op(lambda: blind_ids(key.private_bytes_raw(), offsets,
+                                                                          b"".join(ids))),
+        "reblind a point (kernel: check, multiply, match hash)": per_op(
+            lambda: reblind_points(key.private_bytes_raw(), blinded, 11)),
+    }
+    per_id = steps["blind an id (kernel: all of the above)"] + steps[
+        "reblind a point (kernel: check, multiply, match hash)"]
+    return {"cpu_us_per_op": steps, "cpu_seconds_per_pair_of_1e6": round(2 * 1e6 * per_id / 1e6, 1),
+            "note": "a pair of 1e6 x 1e6 ids: 2e6 ids blinded and 2e6 points reblinded; divided by the cores for "
+                    "the wall-time floor"}
+
+
 def _in_process(target: Any, *args: Any, timeout: float = 7200) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -367,8 +406,8 @@ class ScaleBench:
                        help="rows (ids) per party (default: 1e5 1e6 1e7)")
         p.add_argument("--overlaps", nargs="+", type=float, default=[0.5, 0.9],
                        help="fractions of a feature party's ids the label party holds (default: 0.5 0.9)")
-        p.add_argument("--parts", nargs="+", default=["align", "openmined", "load", "epoch"],
-                       choices=["align", "openmined", "load", "epoch"], help="what to measure (default: all)")
+        p.add_argument("--parts", nargs="+", default=["kernel", "align", "openmined", "load", "epoch"],
+                       choices=["kernel", "align", "openmined", "load", "epoch"], help="what to measure (default: all)")
         p.add_argument("--federation-max", type=_size, default=1_000_000,
                        help="largest size at which the three-party alignment runs too (default: 1e6)")
         p.add_argument("--openmined-max", type=_size, default=1_000_000,
@@ -396,6 +435,7 @@ class ScaleBench:
         workers = args.workers or default_workers()
         base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="secvfl-bench-scale-"))
         results: dict[str, Any] = {}
+        kernel = _kernel() if "kernel" in args.parts else None
         try:
             for n in args.sizes:
                 results[str(n)] = self._size(base / f"n{n}", n, args, workers)
@@ -403,7 +443,7 @@ class ScaleBench:
         finally:
             if not args.dir:
                 shutil.rmtree(base, ignore_errors=True)
-        return {"benchmark": "scale", "sizes": results, "workers_per_party": workers,
+        return {"benchmark": "scale", "sizes": results, "workers_per_party": workers, "psi_floor": kernel,
                 "config": {k: getattr(args, k) for k in ("sizes", "overlaps", "parts", "federation_max",
                                                           "openmined_max", "columns", "epoch_columns", "formats",
                                                           "repeats")},
