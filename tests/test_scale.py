@@ -62,5 +62,5 @@ def test_bench_scale_runs_every_part_and_checks_the_intersection(tmp_path: Path)
     assert pair["bytes_total"] > 2 * 3000 * (32 + 8)
     assert result["overlap 0.5"]["federation"]["parties"]["label"]["shared"] == {"party0": 1500, "party1": 1500}
     load = result["overlap 0.5"]["load"]["csv"]
-    assert load["rows"] == 1500 and load["columns"] == 4 and load["dtype"] == "float32"
+    assert load["rows"] == 3000 and load["columns"] == 4 and load["dtype"] == "float32"
     assert result["epoch"]["steps"] == -(-3000 // 64)

@@ -8,8 +8,8 @@
 * **openmined**: OpenMined's ``openmined-psi`` (C++, P-256, one process: the client learns the intersection, the
   server nothing) on the same two id sets, where it is installed and the size is at most ``--openmined-max``;
 * **load**: a feature party's own file of ``--columns`` float columns (CSV and Parquet) read and prepared into its
-  float32 block for its aligned rows, as a deployed party does (secvfl.deploy.data): seconds and peak RSS, against
-  the block's size;
+  float32 block (every row, as a deployed party does for its aligned rows: secvfl.deploy.data): seconds and peak
+  RSS, against the block's size;
 * **epoch**: one split-NN epoch (``secvfl train``'s defaults) over the rows, 3 parties in one process, on a
   synthetic table of ``--epoch-columns`` columns per feature party: seconds.
 
@@ -258,7 +258,8 @@ def _openmined(files: dict[str, dict[str, Path]], queue: Any) -> None:
 
 
 def _load(path: str, n_shared: int, queue: Any) -> None:
-    """A deployed feature party: read its own file, prepare its columns for its aligned rows (80/10/10 splits)."""
+    """A deployed feature party: read its own file, prepare its columns (every row, split 80/10/10) into its float32
+    block as it does for its aligned rows. ``n_shared`` is reported only."""
     try:
         import pyarrow.compute
         import pyarrow.csv
@@ -275,8 +276,8 @@ def _load(path: str, n_shared: int, queue: Any) -> None:
         spec = DataSpec(file=source, id="id", columns=tuple(c for c in open_table(source).names if c != "id"))
         own = read_own_file(spec, "party0")
         read_seconds = time.perf_counter() - t0
-        learned = np.arange(min(n_shared, len(own.ids)))
-        ids = own.ids.take(learned)
+        learned = np.arange(len(own.ids))  # every row: the whole file becomes the party's float32 block
+        ids = own.ids
         a, b = int(0.8 * len(ids)), int(0.9 * len(ids))
         splits = (ids.slice(0, a), ids.slice(a, b - a), ids.slice(b))
         (train, val, test), names, _, _ = prepare_own_block(own, splits, learned, TrainConfig())
@@ -284,6 +285,7 @@ def _load(path: str, n_shared: int, queue: Any) -> None:
         block = train.nbytes + val.nbytes + test.nbytes
         rss = _rss()
         queue.put({"seconds": round(seconds, 2), "read_seconds": round(read_seconds, 2), "rows": len(ids),
+                   "shared_rows": n_shared,
                    "columns": len(names), "block_mb": round(block / 2**20, 1), **rss,
                    "baseline_mb": baseline, "rss_over_block": round(rss["main_mb"] / (block / 2**20), 2),
                    "dtype": str(train.dtype), "one_block": bool(train.base is not None and train.base is test.base)})
