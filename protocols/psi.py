@@ -215,9 +215,12 @@ def _prefix64(values: np.ndarray) -> np.ndarray:
 def _sorted_distinct(points: np.ndarray) -> np.ndarray:
     """Indices of ``points`` (n, 32) sorted by value, each distinct value once (its first row): repeated ids blind
     to equal values, so this also keeps each id once."""
-    order = np.argsort(_prefix64(points), kind="stable")
-    keys = _prefix64(points[order]) if len(order) else np.zeros(0, dtype=np.uint64)
+    prefix = _prefix64(points)
+    order = np.argsort(prefix, kind="stable")
+    keys = prefix[order]
+    del prefix
     ties = np.flatnonzero(keys[1:] == keys[:-1])  # t: sorted rows t and t + 1 share their first 8 bytes
+    del keys
     if not ties.size:
         return order
     breaks = np.flatnonzero(np.diff(ties) != 1)
@@ -238,19 +241,25 @@ def _members(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
     hit = np.zeros(len(mine), dtype=bool)
     if not len(mine) or not len(theirs):
         return hit
-    t_order = np.argsort(_prefix64(theirs), kind="stable")
-    t_keys = _prefix64(theirs)[t_order]
-    m_keys = _prefix64(mine)
-    m_order = np.argsort(m_keys, kind="stable")
-    queries = m_keys[m_order]
+    t_keys = _prefix64(theirs)
+    t_order = np.argsort(t_keys, kind="stable")
+    t_keys = t_keys[t_order]
+    queries = _prefix64(mine)
+    m_order = np.argsort(queries, kind="stable")
+    queries = queries[m_order]
     left = np.searchsorted(t_keys, queries, "left")
     right = np.searchsorted(t_keys, queries, "right")
-    one = np.flatnonzero(right - left == 1)
+    del queries
+    width = right - left
+    del right
+    one = np.flatnonzero(width == 1)
     rows_m, rows_t = m_order[one], t_order[left[one]]
-    hit[rows_m] = (mine[rows_m] == theirs[rows_t]).all(axis=1)
-    for j in np.flatnonzero(right - left > 1).tolist():  # an equal 64-bit prefix in theirs: compare every candidate
+    for start in range(0, len(one), CHUNK_IDS * 16):  # compare full values a slice at a time (bounded temporaries)
+        a, b = rows_m[start : start + CHUNK_IDS * 16], rows_t[start : start + CHUNK_IDS * 16]
+        hit[a] = (mine[a] == theirs[b]).all(axis=1)
+    for j in np.flatnonzero(width > 1).tolist():  # an equal 64-bit prefix in theirs: compare every candidate
         i = m_order[j]
-        hit[i] = bool((theirs[t_order[left[j] : right[j]]] == mine[i]).all(axis=1).any())
+        hit[i] = bool((theirs[t_order[left[j] : left[j] + width[j]]] == mine[i]).all(axis=1).any())
     return hit
 
 

@@ -308,3 +308,25 @@ def test_cli_refuses_bad_input_with_clear_errors(tmp_path: Path) -> None:
         run(_cli(["align", "--party", f"a={good}"]))
     with pytest.raises(ConfigError, match="--label-party 'z'"):
         run(_cli(["align", "--party", f"a={good}", "--party", f"b={good}", "--label-party", "z"]))
+
+
+def test_membership_is_exact_when_64_bit_prefixes_collide() -> None:
+    """Matching sorts on the first 8 bytes; rows that share them (a 2^-64 event for real values) are compared in
+    full. Reference: Python sets of the rows as bytes."""
+    from protocols.psi import _members, _sorted_distinct
+
+    rng = np.random.default_rng(0)
+    theirs = rng.integers(0, 256, (300, 11), dtype=np.uint8)
+    theirs[:100, :8] = theirs[0, :8]  # a hundred values with one prefix
+    mine = np.concatenate([theirs[rng.choice(300, 80, replace=False)], rng.integers(0, 256, (70, 11), dtype=np.uint8)])
+    mine[-20:, :8] = theirs[0, :8]  # same prefix, other tails: not members
+    truth = {bytes(r) for r in theirs}
+    np.testing.assert_array_equal(_members(mine, theirs), [bytes(r) in truth for r in mine])
+    points = np.repeat(rng.integers(0, 256, (50, 32), dtype=np.uint8), 3, axis=0)[rng.permutation(150)]
+    points[:, :8] = 7  # every prefix equal: the full values decide the order and the repeats
+    kept = _sorted_distinct(points)
+    assert [bytes(points[i]) for i in kept] == sorted({bytes(r) for r in points})
+    first = {}
+    for i, r in enumerate(points):
+        first.setdefault(bytes(r), i)
+    assert sorted(kept.tolist()) == sorted(first.values())
