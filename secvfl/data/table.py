@@ -257,7 +257,7 @@ class _Texts:
         return Column(name, codes=codes, texts=list(self.index))
 
 
-_COLUMN_ERROR = re.compile(r"In CSV column #(\d+): CSV conversion error")
+_COLUMN_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #\d+: )?CSV conversion error")
 
 
 def read_columns(table: TableFile, wanted: Sequence[str], *, text: Sequence[str] = (), keep_arrow: Sequence[str] = (),
