@@ -55,7 +55,8 @@ def test_bench_scale_runs_every_part_and_checks_the_intersection(tmp_path: Path)
 
     out = tmp_path / "scale.json"
     assert main(["bench", "scale", "--sizes", "3000", "--overlaps", "0.5", "--repeats", "1", "--columns", "4",
-                 "--epoch-columns", "3", "--formats", "csv", "--workers", "1", "--out", str(out)]) == 0
+                 "--epoch-columns", "3", "--formats", "csv", "--workers", "1", "--parts", "align", "load", "epoch",
+                 "--out", str(out)]) == 0
     result = json.loads(out.read_text())["sizes"]["3000"]
     pair = result["overlap 0.5"]["pair"]
     assert pair["parties"]["label"]["shared"] == {"party0": 1500}  # checked against the truth inside the bench too
