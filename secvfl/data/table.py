@@ -170,55 +170,47 @@ class Column:
 
 
 class _Numbers:
-    """Numeric cells of several columns, batch by batch: float64 while small, float32 minus a shift when large."""
+    """Numeric cells of several columns, batch by batch, a list of chunks per column: float64 while small, float32
+    minus a shift (the column's first finite value) when large. Each column becomes one array at the end, one
+    column at a time, so the table is never held twice."""
 
     def __init__(self, names: list[str], exact_cells: int, where: Path) -> None:
         self.names, self.exact_cells, self.where = names, exact_cells, where
-        self.blocks: list[np.ndarray] = []
+        self.chunks: list[list[np.ndarray]] = [[] for _ in names]
         self.cells = 0
         self.shift: np.ndarray | None = None  # set when the storage turns float32
 
-    def add(self, block: np.ndarray) -> None:
-        self.cells += block.size
+    def add(self, columns: list[np.ndarray]) -> None:
+        self.cells += sum(len(c) for c in columns)
         if self.shift is None and self.cells > self.exact_cells:
-            first = np.vstack(self.blocks + [block]) if self.blocks else block
-            with np.errstate(invalid="ignore"):
-                finite = np.isfinite(first)
-            row = np.where(finite.any(axis=0), finite.argmax(axis=0), 0)
-            self.shift = np.where(finite.any(axis=0), first[row, np.arange(first.shape[1])], 0.0)
-            held, self.blocks = self.blocks, []
-            for b in held:
-                self._store(b)
-        if self.shift is None:
-            self.blocks.append(block)
-        else:
-            self._store(block)
+            self.shift = np.zeros(len(self.names))
+            for j, parts in enumerate(self.chunks):
+                for part in [*parts, columns[j]]:
+                    finite = np.flatnonzero(np.isfinite(part))
+                    if len(finite):
+                        self.shift[j] = part[finite[0]]
+                        break
+                self.chunks[j] = [self._store(j, part) for part in parts]
+        for j, column in enumerate(columns):
+            self.chunks[j].append(column if self.shift is None else self._store(j, column))
 
-    def _store(self, block: np.ndarray) -> None:
+    def _store(self, j: int, values: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
-            stored = (block - self.shift).astype(np.float32)
-            over = np.isinf(stored) & ~np.isinf(block)
+            stored = (values - self.shift[j]).astype(np.float32)
+            over = np.isinf(stored) & ~np.isinf(values)
         if over.any():
-            j = int(np.flatnonzero(over.any(axis=0))[0])
             raise DataError(f"{self.where}: column {self.names[j]!r} holds values as large as "
-                            f"{float(np.nanmax(np.abs(block[:, j]))):.3g}, beyond what a large table keeps (float32 "
+                            f"{float(np.nanmax(np.abs(values))):.3g}, beyond what a large table keeps (float32 "
                             "after centring, up to 3e38); rescale the column in the file (divide it by a power of ten)")
-        self.blocks.append(stored)
+        return stored
 
     def columns(self) -> Iterator[tuple[str, np.ndarray, float]]:
-        if not self.names:
-            return
-        width = len(self.names)
         dtype = np.float64 if self.shift is None else np.float32
-        rows = sum(len(b) for b in self.blocks)
-        out = np.empty((width, rows), dtype=dtype)  # one contiguous array per column
-        start = 0
-        while self.blocks:
-            b = self.blocks.pop(0)
-            out[:, start : start + len(b)] = b.T
-            start += len(b)
         for j, name in enumerate(self.names):
-            yield name, out[j], 0.0 if self.shift is None else float(self.shift[j])
+            parts, self.chunks[j] = self.chunks[j], []
+            values = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+            del parts
+            yield name, values, 0.0 if self.shift is None else float(self.shift[j])
 
 
 class _Texts:
@@ -350,18 +342,18 @@ def _read_csv(table: TableFile, wanted: list[str], forced: set[str], keep_arrow:
 
 def _add_batch(batch: Any, numeric: list[str], numbers: _Numbers, texts: dict[str, _Texts]) -> None:
     if numeric:
-        block = np.empty((batch.num_rows, len(numeric)), dtype=np.float64)
-        for j, c in enumerate(numeric):
-            block[:, j] = batch.column(c).to_numpy(zero_copy_only=False)
-        numbers.add(block)
+        numbers.add([np.array(batch.column(c).to_numpy(zero_copy_only=False), dtype=np.float64) for c in numeric])
     for c, acc in texts.items():
         acc.add(batch.column(c))
 
 
 def _finish(table: TableFile, wanted: list[str], numbers: _Numbers, texts: dict[str, _Texts]) -> dict[str, Column]:
+    import pyarrow as pa
+
     out = {name: Column(name, values=values, shift=shift) for name, values, shift in numbers.columns()}
     for c, acc in texts.items():
         out[c] = acc.column(c)
+    pa.default_memory_pool().release_unused()  # the reader's buffers go back to the system, not to a later peak
     return {c: out[c] for c in wanted}
 
 
