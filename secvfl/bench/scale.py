@@ -128,8 +128,21 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _pss_mb(pid: int) -> float:
+    """Proportional set size: pages shared between processes (a worker just forked from its party, before it
+    execs) counted once in all, not once per process as RSS would."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return _status_mb(pid, "VmRSS")
+
+
 class _PeakTreeRss(threading.Thread):
-    """Samples the RSS of this process and all its descendants (a party's worker pool) together, every 0.1 s."""
+    """Samples the memory (PSS) of this process and all its descendants (a party's worker pool) together, every
+    0.2 s."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -139,10 +152,10 @@ class _PeakTreeRss(threading.Thread):
     @staticmethod
     def now() -> float:
         me = os.getpid()
-        return sum(_status_mb(p, "VmRSS") for p in [me, *_descendants(me)])
+        return sum(_pss_mb(p) for p in [me, *_descendants(me)])
 
     def run(self) -> None:
-        while not self.done.wait(0.1):
+        while not self.done.wait(0.2):
             self.peak = max(self.peak, self.now())
 
     def stop(self) -> float:
