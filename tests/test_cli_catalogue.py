@@ -811,6 +811,24 @@ CASES: list[Case] = [
     Case(("train", "--dataset", "cifar10", "--data-dir", "{tmp}"), "has no CIFAR-10 (looked for cifar-10-batches-bin",
          id="cifar10-not-in-the-data-dir"),
     Case(("bench", "device", "--epochs", "0"), "--epochs and --train-rows must be at least 1", id="bench-device-epochs-0"),
+    # Tables (CSV read with pyarrow): refused at load, with the column and the fix.
+    Case(("train", "--dataset", "csv:{tmp}/d.csv"), "column name 'a' appears twice (columns 1 and 2)",
+         setup=_write("d.csv", "a,a,y\n" + "".join(f"{i},{i + 1},{i % 2}\n" for i in range(40))),
+         id="csv-duplicate-column-names"),
+    Case(("train", "--dataset", "csv:{tmp}/d.csv"), "column 'id' is named like a row id but 20 of its 40 values "
+         "repeat", setup=_write("d.csv", "id,a,y\n" + "".join(f"{i // 2},{i},{i % 2}\n" for i in range(40))),
+         id="csv-id-column-with-repeated-values"),
+    Case(("train", "--dataset", "csv:{tmp}/d.csv"), "class 'rare' has a single row; a stratified split cannot put it",
+         setup=_write("d.csv", "a,y\n" + "".join(f"{i},{'ab'[i % 2]}\n" for i in range(40)) + "99,rare\n"),
+         id="csv-class-with-a-single-row"),
+    Case(("train", "--dataset", "csv:{tmp}/d.csv"), "column 'b' holds values as large as 1e+308, whose spread "
+         "overflows", setup=_write("d.csv", "a,b,y\n" + "".join(f"{i},{'1e308' if i % 2 else '-1e308'},{i % 2}\n"
+                                                               for i in range(40))),
+         id="csv-values-near-1e308"),
+    Case(("party", "--federation", "{tmp}/f.toml", "--name", "bank", "--out", "{tmp}/b", "--parties", "1"),
+         "b.csv: column name 'id' appears twice", setup=_all(_write("f.toml", _FEDERATION),
+                                                           _write("b.csv", "id,id,y\n1,1,0\n2,2,1\n")),
+         id="party-data-file-duplicate-column-names"),
 ]
 
 

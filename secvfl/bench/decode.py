@@ -104,6 +104,20 @@ def _psi_traffic() -> None:
     align(ids, "label", net=Network({"label": Role.LABEL, "p0": Role.FEATURE}))
 
 
+def _plan_traffic() -> None:
+    """The label party's rows of each split, as a deployed label party sends them to a feature party."""
+    import numpy as np
+    import pyarrow as pa
+
+    from secvfl.deploy.data import RowPlan, send_plan
+    from secvfl.transport import Network
+    from secvfl.transport.layers import Role
+
+    ids = tuple(pa.array([f"id{i}" for i in range(a, b)]) for a, b in ((0, 30), (30, 34), (34, 42)))
+    plan = RowPlan(ids, tuple(np.zeros(len(i), dtype=np.int64) for i in ids), ["0", "1"], {})  # type: ignore[arg-type]
+    send_plan(Network({"label": Role.LABEL, "p0": Role.FEATURE}), "label", "p0", plan)
+
+
 def _request_traffic() -> None:
     """Party-handle requests and answers as they travel to a party in another process (secvfl.deploy)."""
     import numpy as np
@@ -174,6 +188,7 @@ def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
             run_training(cfg, progress=False, log=lambda *a, **k: None)
         _masked_sum_traffic()
         _psi_traffic()
+        _plan_traffic()
         _request_traffic()
         _identity_traffic()
         _serve_traffic()

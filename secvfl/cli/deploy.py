@@ -84,13 +84,17 @@ def _timeouts(args: argparse.Namespace):  # noqa: ANN202
 
 
 def run_party(args: argparse.Namespace) -> int:
-    from protocols.psi import align_with_peers
+    from functools import partial
+
+    from protocols.psi import PROTOCOL, align_rows_with_peers
     from secvfl.deploy.party import coordinate, serve_party, stderr_log
     from secvfl.federation import load_federation
     from secvfl.runlock import lock_run_dir
 
     federation = load_federation(args.federation)
     federation.party(args.name)  # an unknown name: one line, with the declared ones
+    align_ids = partial(align_rows_with_peers, progress=stderr_log(""))  # progress of the alignment on stderr
+    align_ids.protocol = PROTOCOL
     timeouts = _timeouts(args)
     argv = args._argv
     given = _given(args._parser, argv[argv.index("party") + 1:])
@@ -110,7 +114,7 @@ def run_party(args: argparse.Namespace) -> int:
         with lock_run_dir(state_dir, flag="--resume" if args.resume is not None else "--out"):
             serve_party(federation, args.name, state_dir=state_dir,
                         data_dir=args.data_dir if "data_dir" in given else None, timeouts=timeouts,
-                        log=stderr_log(""), align_ids=align_with_peers)
+                        log=stderr_log(""), align_ids=align_ids)
         return 0
     cfg = config_from_args(argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in _PARTY_ONLY - {
         "data_dir", "out", "resume", "no_progress"}}))
@@ -125,7 +129,7 @@ def run_party(args: argparse.Namespace) -> int:
     changes = _resume_changes(args, "party", frozenset(_PARTY_ONLY)) if args.resume is not None else None
     resume_as = f"secvfl launch --resume {args.launch_dir}" if args.launch_dir is not None else None
     coordinate(federation, cfg, out=out, resume=args.resume, timeouts=timeouts, log=stderr_log(""),
-               progress=not args.no_progress, align_ids=align_with_peers, from_epoch=args.from_epoch,
+               progress=not args.no_progress, align_ids=align_ids, from_epoch=args.from_epoch,
                resume_as=resume_as, changes=changes)
     return 0
 

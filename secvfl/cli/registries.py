@@ -43,6 +43,7 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.bench.transport",
     "secvfl.bench.serve",
     "secvfl.bench.device",
+    "secvfl.bench.scale",
 ]
 _loaded = False
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,9 @@ class RawData:
     image_channels: int = 1
     y_test: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
+    # A large table (secvfl.data.table): X is float32 after subtracting ``shift`` per column (values = X + shift).
+    shift: np.ndarray | None = None
+    encodings: list[Any] | None = None  # per source column, what it became (secvfl.data.csv_loader.ColumnEncoding)
 
 
 @dataclass
@@ -46,6 +50,9 @@ class Dataset:
     image_shape: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
     image_channels: int = 1  # channel-major columns (see RawData)
+    # The fitted preprocessing (secvfl.data.preprocess.Standardisation), to prepare new rows the same way.
+    standardisation: Any = None
+    encodings: list[Any] | None = None
 
     @property
     def n_features(self) -> int:

@@ -36,14 +36,17 @@ from secvfl.config import TrainConfig
 from secvfl.deploy.data import (
     ALIGN,
     PLAN,
-    AlignIds,
+    AlignRows,
     check_config,
     counting_apart,
     plan_rows,
     prepare_own_block,
     read_own_file,
+    receive_plan,
     record_alignment,
     run_table,
+    save_preprocessing,
+    send_plan,
     uses_data_files,
     with_federation_dataset,
 )
@@ -144,7 +147,7 @@ def check_across_processes(run: Any, federation: Federation) -> None:
                                "; run it in one process (`secvfl train`), or drop those protocols")
 
 
-def _own_file(federation: Federation, name: str, align_ids: AlignIds | None):  # noqa: ANN202
+def _own_file(federation: Federation, name: str, align_ids: AlignRows | None):  # noqa: ANN202
     """This party's own file when the parties read their own files (None otherwise), read before it listens."""
     if not uses_data_files(federation):
         return None
@@ -173,10 +176,10 @@ def _check_federation(federation: Federation, cfg: TrainConfig) -> None:
 
 # -- a feature party ---------------------------------------------------------------------------------------------
 def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir: str | None,
-                timeouts: Timeouts, log: Callable[[str], None], align_ids: AlignIds | None = None) -> None:
+                timeouts: Timeouts, log: Callable[[str], None], align_ids: AlignRows | None = None) -> None:
     """Run party ``name`` (a feature party, or the aggregator) until the coordinator says stop (or fails, or goes
     silent). ``align_ids``: this party's side of the private set intersection, when the parties read their own
-    files (protocols.psi.align_with_peers)."""
+    files (protocols.psi.align_rows_with_peers, given by the command)."""
     from secvfl.checkpoint import _global_rng_state, _set_global_rng_state
     from secvfl.runner import build_run
 
@@ -194,18 +197,20 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
                 raise ProtocolError(f"{name} reads no data file of its own, so it has no ids to align")
             with counting_apart(transport) as psi_stats:
                 net = Network({coordinator: Role.LABEL, me: Role.FEATURE}, transport=transport)
-                held["learned"] = set(align_ids(net, me, [coordinator], own.ids)[coordinator])
+                held["learned"] = align_ids(net, me, [coordinator], own.ids)[coordinator]
             held["psi_sent"] = {"bytes": psi_stats.bytes_total, "messages": psi_stats.messages_total}
             log(f"{name}: {len(held['learned'])} of its {len(own.ids)} ids are also held by {federation.label_party}")
             return None
-        if method == PLAN:  # the rows of each split: prepare this party's own columns for them
+        if method == PLAN:  # the rows of each split (sent as messages): prepare this party's own columns for them
             if "learned" not in held:
                 raise ProtocolError(f"{name} got the label party's rows before aligning its ids")
-            cfg, ids = TrainConfig.from_dict(args[0]), args[1]
-            held["columns"], names, notes = prepare_own_block(own, ids, held["learned"], cfg)
+            cfg = TrainConfig.from_dict(args[0])
+            net = Network({coordinator: Role.LABEL, me: Role.FEATURE}, transport=transport)
+            ids = receive_plan(net, me, coordinator, limit=len(held["learned"]))
+            held["columns"], names, notes, preprocessing = prepare_own_block(own, ids, held["learned"], cfg)
             for note in notes:
                 log(f"{name}: data: {note}")
-            _keep_fitted_preprocessing(state_dir, federation, name, own, ids, cfg)  # for `secvfl serve`
+            save_preprocessing(state_dir, name, preprocessing)
             return {"width": len(names), "psi_sent": held["psi_sent"]}
         if method == HELLO:
             cfg = TrainConfig.from_dict(args[0])
@@ -271,12 +276,13 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
 # -- the label party: the coordinator ----------------------------------------------------------------------------
 def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, resume: Path | None,
                timeouts: Timeouts, log: Callable[[str], None], progress: bool = False,
-               align_ids: AlignIds | None = None, from_epoch: int | None = None,
+               align_ids: AlignRows | None = None, from_epoch: int | None = None,
                resume_as: str | None = None, changes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train with the feature parties of ``federation`` in their own processes; returns the summary.
     ``align_ids``: the label party's side of the private set intersection, when the parties read their own files
-    (protocols.psi.align_with_peers). ``resume_as``: the command that continues this run (every hint names it):
-    ``secvfl launch --resume BASE`` when launched, else this party's ``secvfl party ... --resume DIR`` (default)."""
+    (protocols.psi.align_rows_with_peers, given by the command). ``resume_as``: the command that continues this run
+    (every hint names it): ``secvfl launch --resume BASE`` when launched, else this party's ``secvfl party ...
+    --resume DIR`` (default)."""
     run_dir = resume if resume is not None else out
     if resume_as is None and run_dir is not None:
         resume_as = (f"secvfl party --federation {federation.source} --name {federation.label_party} "
@@ -312,15 +318,19 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
             shared = align_ids(net, me, remote, own.ids)
         plan = plan_rows(own, shared, cfg)
         record_alignment(resume if resume is not None else out, plan, resumed=resume is not None)
-        answers = [link.call(p, PLAN, (cfg.to_dict(), list(plan.ids)), timeout=timeouts.wait) for p in remote]
+        with counting_apart(transport) as plan_stats:
+            for party in remote:
+                send_plan(net, me, party, plan)
+        answers = [link.call(p, PLAN, (cfg.to_dict(),), timeout=timeouts.wait) for p in remote]
         widths = [a["width"] for a in answers]
         if (resume or out) is not None:  # what `secvfl serve` needs to answer with class names
             save_run_layout(Path(resume or out), classes=plan.classes, widths=widths)
         sizes = [len(ids) for ids in plan.ids]
-        alignment.update(protocol="ECDH-PSI over P-256 (semi-honest)", **plan.counts, widths=widths,
+        alignment.update(protocol=getattr(align_ids, "protocol", "private set intersection"), **plan.counts, widths=widths,
                          rows_sha256=plan.digest(),  # what every party sent, each counted by its sender
                          psi_bytes=psi_stats.bytes_total + sum(a["psi_sent"]["bytes"] for a in answers),
                          psi_messages=psi_stats.messages_total + sum(a["psi_sent"]["messages"] for a in answers),
+                         plan_bytes=plan_stats.bytes_total, plan_messages=plan_stats.messages_total,
                          seconds=round(time.perf_counter() - t0, 3))
         log(f"{federation.label_party}: aligned {plan.counts['held_by_all']} rows held by every party "
             f"(train/val/test {'/'.join(map(str, sizes))}); columns per party {widths}")

@@ -473,7 +473,11 @@ class GrpcTransport(Transport):
         grpc = self._grpc
         options = [("grpc.max_receive_message_length", 2 * CHUNK_BYTES + 4096),
                    ("grpc.max_send_message_length", 2 * CHUNK_BYTES + 4096),
-                   ("grpc.so_reuseport", 0)]  # a second process on this port must fail, not share the traffic
+                   ("grpc.so_reuseport", 0),  # a second process on this port must fail, not share the traffic
+                   # The peers' keepalive pings come every heartbeat, also while no data flows (a party computing
+                   # its PSI round for minutes): accept them instead of closing the stream ("too many pings").
+                   ("grpc.http2.min_ping_interval_without_data_ms", 500),
+                   ("grpc.http2.max_ping_strikes", 0)]
         server = grpc.aio.server(options=options)
         handlers = {
             "Hello": grpc.unary_unary_rpc_method_handler(self._hello, request_deserializer=None,
@@ -613,7 +617,8 @@ class GrpcTransport(Transport):
                    ("grpc.max_receive_message_length", 2 * CHUNK_BYTES + 4096),
                    ("grpc.max_send_message_length", 2 * CHUNK_BYTES + 4096),
                    ("grpc.keepalive_time_ms", max(1000, int(self.heartbeat * 1000))),
-                   ("grpc.keepalive_timeout_ms", max(1000, int(self.peer_timeout * 1000)))]
+                   ("grpc.keepalive_timeout_ms", max(1000, int(self.peer_timeout * 1000))),
+                   ("grpc.http2.max_pings_without_data", 0)]  # keep pinging through a long silence
         deadline = time.monotonic() + self.timeout
         hello = _frame(self.local.cert_name, _HELLO)
         while True:
