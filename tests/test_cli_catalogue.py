@@ -103,6 +103,11 @@ _FEDERATION = ('[federation]\nname = "demo"\nlabel_party = "bank"\n'  # a valid 
                '[parties.bank]\naddress = "127.0.0.1:50051"\ndata = { file = "b.csv", label = "y", id = "id" }\n'
                '[parties.shop]\naddress = "127.0.0.1:50052"\ndata = { file = "s.csv", columns = ["a"], id = "id" }\n')
 
+# a feature party's fitted preprocessing (secvfl.deploy.data.Preprocessing): column a, mean 2, deviation 1
+_PREPROCESSING = ('{"version": 2, "party": "shop", "file": "s.csv", "columns": [{"name": "a", "kind": "number"}], '
+                  '"standardisation": {"columns": ["a"], "mean": [2.0], "std": [1.0], "impute": null, "image": false, '
+                  '"nan_policy": "mean"}}')
+
 _FED_SIM = "\n".join(line for line in _FEDERATION.splitlines() if not line.startswith("data"))  # no data files
 
 
@@ -791,6 +796,19 @@ CASES: list[Case] = [
     Case(("serve", "--federation", "{tmp}/f.toml", "--name", "shop", "--run", "{tmp}"),
          "preprocessing.json does not exist", setup=_all(_write("f.toml", _FEDERATION), _write("s.csv", "id,a\n1,2\n")),
          id="serve-party-without-fitted-preprocessing"),
+    Case(("serve", "--federation", "{tmp}/f.toml", "--name", "shop", "--run", "{tmp}"),
+         "preprocessing.json is of format version 1, written by another secvfl",
+         setup=_all(_write("f.toml", _FEDERATION), _write("s.csv", "id,a\n1,2\n"),
+                    _write("preprocessing.json", '{"version": 1, "party": "shop"}')),
+         id="serve-party-preprocessing-of-another-version"),
+    Case(("serve", "--federation", "{tmp}/f.toml", "--name", "shop", "--run", "{tmp}"),
+         "s.csv line 3: column 'a' holds 'abc', not a number",
+         setup=_all(_write("f.toml", _FEDERATION), _write("s.csv", "id,a\n1,2\n2,abc\n"),
+                    _write("preprocessing.json", _PREPROCESSING)), id="serve-table-text-in-a-numeric-column"),
+    Case(("serve", "--federation", "{tmp}/f.toml", "--name", "shop", "--run", "{tmp}", "--table", "{tmp}/new.csv"),
+         "new.csv line 3: column 'a' holds '-inf', an infinite number",
+         setup=_all(_write("f.toml", _FEDERATION), _write("new.csv", "id,a\n1,2\n2,-inf\n"),
+                    _write("preprocessing.json", _PREPROCESSING)), id="serve-table-infinite-value"),
     Case(("certs", "--federation", "{tmp}/f.toml", "--clients", "my app"), "--clients takes names of letters",
          setup=_write("f.toml", _FEDERATION), id="certs-client-name-with-space"),
     Case(("demo-federation", "--out", "{tmp}", "--parties", "99"), "--parties 99: breast_cancer has 30 columns",

@@ -301,8 +301,8 @@ def test_the_plan_travels_in_bounded_checked_messages(federation, monkeypatch) -
 
 
 def test_saved_preprocessing_prepares_new_rows_as_the_training_rows(federation, tmp_path: Path) -> None:
-    """What a feature party saves in its run directory (encodings, imputation means, statistics) prepares its own
-    table again to the very block it trained on; an unseen category is all zeros."""
+    """What a feature party saves in its run directory (encodings, imputation means, statistics, its nan policy)
+    prepares its own table again to the very block it trained on; an unseen category is a missing cell."""
     fed_path, _ = federation
     fed = load_federation(fed_path)
     own = read_own_file(fed.party("party1").data, "party1")
@@ -310,21 +310,19 @@ def test_saved_preprocessing_prepares_new_rows_as_the_training_rows(federation, 
     result = align({"label": label.ids, "party1": own.ids}, "label")
     plan = plan_rows(label, {"party1": np.flatnonzero(result.held[:, 0])}, TrainConfig())
     (train, _, _), names, _, preprocessing = prepare_own_block(own, plan.ids, result.own_rows["party1"], TrainConfig())
-    save_preprocessing(tmp_path / "p1", "party1", preprocessing)
+    save_preprocessing(tmp_path / "p1", preprocessing)
     saved = load_preprocessing(tmp_path / "p1")
-    assert saved["party"] == "party1" and saved["standardisation"]["columns"] == names
-    ids, block = read_prepared_table(fed.party("party1").data, "party1", saved)
-    assert block.dtype == np.float32 and block.shape == (len(own.ids), len(names))
-    where = {ident: r for r, ident in enumerate(ids.to_pylist())}
-    rows = [where[i] for i in plan.ids[0].to_pylist()]
-    np.testing.assert_allclose(block[rows], train, rtol=0, atol=1e-6)
+    assert saved.party == "party1" and saved.standardisation.columns == names and saved.nan_policy == "mean"
+    table = read_prepared_table(fed.party("party1").data, "party1", saved)
+    assert table.X.dtype == np.float32 and table.X.shape == (len(own.ids), len(names)) and table.usable.all()
+    np.testing.assert_array_equal(table.X[table.rows(plan.ids[0])], train)
     new = tmp_path / "new.csv"
     new.write_text("b0,id,b1,b2,b3,b4,grade\n1,n1,2,3,4,5,unseen\n")
-    spec = replace(fed.party("party1").data, file=new)
-    ids, block = read_prepared_table(spec, "party1", saved)
+    table = read_prepared_table(replace(fed.party("party1").data, file=new), "party1", saved)
     grades = [j for j, n in enumerate(names) if n.startswith("grade=")]
-    assert ids.to_pylist() == ["n1"] and len(grades) == 3
-    np.testing.assert_allclose(block[0, grades], -np.asarray(saved["standardisation"]["mean"])[grades]
-                               / np.asarray(saved["standardisation"]["std"])[grades], rtol=1e-6)
-    with pytest.raises(DataError, match="holds no preprocessing.json"):
+    assert table.ids.to_pylist() == ["n1"] and len(grades) == 3
+    assert any("1 cell(s) hold a category training never saw" in note for note in table.notes)
+    # a missing cell, filled with the training frequencies of the categories: 0 once standardised (not -mean/std)
+    np.testing.assert_allclose(table.X[0, grades], 0.0, atol=1e-6)
+    with pytest.raises(ConfigError, match="preprocessing.json does not exist"):
         load_preprocessing(tmp_path / "elsewhere")

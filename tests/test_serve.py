@@ -63,8 +63,8 @@ def _client_context(demo: Path, *, with_cert: bool = True) -> ssl.SSLContext:
 class Served(LocalServing):
     """The serving processes of one trained run (secvfl.serve.local), with the requests the tests make."""
 
-    def __init__(self, demo: Path, run: Path, *extra: str) -> None:
-        super().__init__(demo, run, port=_free_port(), extra=extra,
+    def __init__(self, demo: Path, run: Path, *extra: str, tables: dict[str, Path] | None = None) -> None:
+        super().__init__(demo, run, port=_free_port(), extra=extra, tables=tables,
                          party_flags=["--party-timeout", "120", "--peer-timeout", "5", "--heartbeat", "0.5"])
         try:
             self.wait_ready(timeout=240)
@@ -174,59 +174,119 @@ def _wine_federation(tmp: Path) -> tuple[Path, dict]:
     return loopback_federation(tmp, 2, data=made["tables"]), made
 
 
-@pytest.mark.parametrize("seed", [0, 3])
-def test_fitted_preprocessing_gives_the_training_inputs_bit_for_bit(tmp_path: Path, seed: int) -> None:
-    """A party's saved preprocessing, applied to its own table, reproduces what its training run prepared for every
-    split (missing cells filled, categories one-hot), read back from the file the training hook writes."""
-    from secvfl.config import TrainConfig
-    from secvfl.deploy.data import plan_rows, prepare_own_block, read_own_file
-    from secvfl.deploy.fitted import (
-        apply_fitted,
-        fit_preprocessing,
-        load_fitted,
-        read_party_table,
-        save_fitted,
-    )
-    from secvfl.federation import load_federation
+def _as_parquet(csv_path: Path, out: Path, extra_lines: tuple[str, ...] = ()) -> Path:
+    """The table (and ``extra_lines`` of CSV) as Parquet, as a data warehouse exports it: numbers typed (empty cells
+    null), text as text."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
 
+    text = csv_path.read_bytes() + "".join(f"{line}\n" for line in extra_lines).encode()
+    pq.write_table(pacsv.read_csv(pa.BufferReader(text), convert_options=pacsv.ConvertOptions(
+        strings_can_be_null=False)), out)
+    return out
+
+
+@pytest.mark.parametrize(("seed", "large", "parquet"), [(0, False, False), (3, False, True), (3, True, False)],
+                         ids=["csv", "parquet", "csv-float32"])
+def test_served_rows_are_the_training_rows_bit_for_bit(tmp_path: Path, seed: int, large: bool, parquet: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A feature party's serving table, prepared with the preprocessing its training run saved, holds for every
+    training, validation and test id exactly the row training prepared (missing cells filled, categories one-hot);
+    from its CSV file, from the same table exported as Parquet, and read as a large table is (float32 minus a
+    shift, prepared in row chunks). The reference: the rows the training code (prepare_own_block) returned."""
+    import pyarrow.compute as pc
+
+    from secvfl.config import TrainConfig
+    from secvfl.deploy.data import plan_rows, prepare_own_block, read_own_file, save_preprocessing
+    from secvfl.federation import load_federation
+    from secvfl.serve.party import load_served_table
+
+    if large:
+        import secvfl.data.csv_loader as csv_loader
+        import secvfl.data.preprocess as preprocess
+        import secvfl.data.table as table_module
+
+        monkeypatch.setattr(table_module, "EXACT_CELLS", 50)
+        monkeypatch.setattr(csv_loader, "EXACT_CELLS", 50)
+        monkeypatch.setattr(preprocess, "_CHUNK_ROWS", 13)
     fed = load_federation(_wine_federation(tmp_path)[0])
     cfg = TrainConfig(seed=seed)
     label = read_own_file(fed.party("label").data, "label")
     for name in ("party0", "party1"):
         own = read_own_file(fed.party(name).data, name)
-        plan = plan_rows(label, {name: [i for i in label.ids if i in set(own.ids)]}, cfg)
-        expected, names, _ = prepare_own_block(own, plan.ids, set(own.ids), cfg)
-        save_fitted(tmp_path / name, fit_preprocessing(name, fed.party(name).data, own.columns, plan.ids,
-                                                       {i: r for r, i in enumerate(own.ids)}, cfg.nan_policy))
-        fitted = load_fitted(tmp_path / name)
-        assert list(fitted.kept) == names
-        table = apply_fitted(fitted, *read_party_table(fed.party(name).data, name))
+        plan = plan_rows(label, {name: np.flatnonzero(pc.is_in(label.ids, value_set=own.ids).to_numpy(
+            zero_copy_only=False))}, cfg)
+        learned = np.flatnonzero(pc.is_in(own.ids, value_set=label.ids).to_numpy(zero_copy_only=False))
+        expected, names, _, preprocessing = prepare_own_block(own, plan.ids, learned, cfg)
+        save_preprocessing(tmp_path / name, preprocessing)
+        file = _as_parquet(own.file, tmp_path / f"{name}.parquet") if parquet else None
+        _, table = load_served_table(fed, name, tmp_path / name, file, log=lambda _: None)
+        assert table.usable.all() and table.X.shape[1] == len(names)
         for split_ids, arr in zip(plan.ids, expected, strict=True):
-            rows, held = table.lookup(split_ids)
-            assert held.all() and table.X[rows].dtype == np.float32
+            rows = table.rows(split_ids)
+            assert (rows >= 0).all() and table.X.dtype == np.float32
             np.testing.assert_array_equal(table.X[rows], arr)
 
 
-def test_fitted_preprocessing_on_new_rows_unseen_categories_and_bad_cells(tmp_path: Path) -> None:
-    from secvfl.deploy.fitted import FittedColumn, FittedPreprocessing, apply_fitted, load_fitted, save_fitted
+def test_new_rows_unseen_categories_missing_and_bad_cells(tmp_path: Path) -> None:
+    """The rules for cells training never saw, on a preprocessing written out by hand (a number a, categories x and y
+    of c; training means 1, .5, .5, deviations 2, .5, .5): values computed by hand."""
+    from dataclasses import replace
 
-    fitted = FittedPreprocessing("p", "id", (FittedColumn("a", "number"), FittedColumn("c", "category", ("x", "y"))),
-                                 ("a", "c=x", "c=y"), (1.0, 0.5, 0.5), (1.0, 0.5, 0.5), (2.0, 0.5, 0.5), "mean")
-    save_fitted(tmp_path, fitted)
-    assert load_fitted(tmp_path) == fitted
-    table = apply_fitted(fitted, ["r1", "r2", "r3"], {"a": ["3", "", "1"], "c": ["x", "y", "z"]}, [2, 3, 4],
-                         Path("t.csv"))
-    # r1: (3-1)/2, one-hot x; r2: a filled with 1 -> 0; r3: category z unseen -> filled with the means -> 0
-    np.testing.assert_allclose(table.X, [[1.0, 1.0, -1.0], [0.0, -1.0, 1.0], [0.0, 0.0, 0.0]])
-    assert table.usable.all() and any("never saw" in n for n in table.notes)
-    strict = FittedPreprocessing(**{**fitted.__dict__, "nan_policy": "error"})
-    table = apply_fitted(strict, ["r1", "r2"], {"a": ["3", ""], "c": ["x", "y"]}, [2, 3], Path("t.csv"))
-    assert table.usable.tolist() == [True, False] and table.lookup(["r2", "r9"])[1].tolist() == [False, False]
-    with pytest.raises(Exception, match="t.csv line 3: column 'a' holds 'abc', not a number"):
-        apply_fitted(fitted, ["r1", "r2"], {"a": ["3", "abc"], "c": ["x", "y"]}, [2, 3], Path("t.csv"))
-    (tmp_path / "preprocessing.json").write_text(json.dumps({**fitted.to_dict(), "scale": [1.0, 0.0, 1.0]}))
-    with pytest.raises(ConfigError, match="is damaged"):
-        load_fitted(tmp_path)
+    from secvfl.data.csv_loader import ColumnEncoding
+    from secvfl.data.preprocess import Standardisation
+    from secvfl.deploy.data import (
+        Preprocessing,
+        load_preprocessing,
+        read_prepared_table,
+        save_preprocessing,
+    )
+    from secvfl.errors import DataError
+    from secvfl.federation import DataSpec
+
+    fitted = Preprocessing("p", "train.csv", [ColumnEncoding("a", "number"), ColumnEncoding("c", "categories",
+                                                                                            ["x", "y"])],
+                           Standardisation(["a", "c=x", "c=y"], np.array([1.0, 0.5, 0.5]), np.array([2.0, 0.5, 0.5])))
+    save_preprocessing(tmp_path, fitted)
+    loaded = load_preprocessing(tmp_path)
+    assert loaded.to_dict() == fitted.to_dict() and loaded.width == 3 and loaded.nan_policy == "mean"
+    spec = DataSpec(file=tmp_path / "t.csv", id="id", columns=("a", "c"))
+
+    def prepared(text: str, preprocessing: Preprocessing = fitted, name: str = "t.csv"):  # noqa: ANN202
+        (tmp_path / name).write_text(text)
+        return read_prepared_table(replace(spec, file=tmp_path / name), "p", preprocessing)
+
+    table = prepared("id,a,c\nr1,3,x\nr2,,y\nr3,1,z\nr4,5,NA\n")
+    # r1: (3-1)/2, one-hot x; r2: a missing -> its training mean -> 0; r3: category z unseen -> a missing cell ->
+    # the training frequencies -> 0 (all zeros would give -1, -1); r4: c missing -> 0, 0
+    np.testing.assert_array_equal(table.X, [[1, 1, -1], [0, -1, 1], [0, 0, 0], [2, 0, 0]])
+    assert table.usable.all() and table.ids.to_pylist() == ["r1", "r2", "r3", "r4"]
+    assert any("column 'c': 1 cell(s) hold a category training never saw" in n for n in table.notes)
+    assert table.rows(["r3", "nobody", "r1"]).tolist() == [2, -1, 0]
+    strict = replace(fitted, standardisation=replace(fitted.standardisation, nan_policy="error"))
+    table = prepared("id,a,c\nr1,3,x\nr2,,y\nr3,1,z\n", strict)
+    assert table.usable.tolist() == [True, False, False] and "--nan-policy error" in table.why_unusable
+    np.testing.assert_array_equal(table.X[1:], 0.0)  # an unusable row is zeros, never NaN
+    np.testing.assert_array_equal(table.X[0], [1, 1, -1])
+    table = prepared("id,a,c\nr1,1,1\nr2,2,2\n")  # a column of categories read as text, though it holds numbers
+    np.testing.assert_array_equal(table.X, [[0, 0, 0], [0.5, 0, 0]])
+    with pytest.raises(DataError, match="t.csv line 3: column 'a' holds 'abc', not a number"):
+        prepared("id,a,c\nr1,3,x\nr2,abc,y\n")
+    with pytest.raises(DataError, match="t.csv line 2: column 'a' holds 'inf', an infinite number"):
+        prepared("id,a,c\nr1,inf,x\nr2,1,y\n")
+    with pytest.raises(DataError, match="no column 'c'"):
+        prepared("id,a\nr1,3\n")
+    (tmp_path / "t.csv").write_text("id,a,c\nr1,3,x\nr2,,y\nr3,1,z\n")
+    parquet = _as_parquet(tmp_path / "t.csv", tmp_path / "t.parquet")
+    np.testing.assert_array_equal(read_prepared_table(replace(spec, file=parquet), "p", fitted).X,
+                                  [[1, 1, -1], [0, -1, 1], [0, 0, 0]])
+    for damage, reason in (({"version": 1}, "format version 1"), ({"columns": "a"}, "is damaged"),
+                           ({"standardisation": {**fitted.standardisation.to_dict(), "std": [1, 0, 1]}},
+                            "do not fit together")):
+        (tmp_path / "preprocessing.json").write_text(json.dumps({**fitted.to_dict(), **damage}))
+        with pytest.raises(ConfigError, match=reason):
+            load_preprocessing(tmp_path)
 
 
 def test_serving_messages_are_checked_field_by_field() -> None:
@@ -534,15 +594,33 @@ def test_bad_requests_to_a_served_federation_get_a_4xx_and_it_stays_up(served_sp
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", [(), ("--he", "ckks")], ids=["vafl", "vafl-ckks"])
 def test_served_vafl_equals_secvfl_predict(tmp_path: Path, protocol: tuple[str, ...]) -> None:
+    """Each feature party serves a Parquet export of its table (``--table``) holding one more customer, whose row
+    at party0 has a missing cell: trained with --nan-policy error, that id gets an error naming party0 and why,
+    and every other id is served as `secvfl predict` scores it."""
     demo = _demo(tmp_path / "demo", "wine", aggregator=bool(protocol))
-    _launch(demo / "federation.toml", demo / "run", "--algo", "vafl", "--parties", "2", "--epochs", "2", *protocol)
-    served = Served(demo, demo / "run", "--deadline-ms", "20000")
+    _launch(demo / "federation.toml", demo / "run", "--algo", "vafl", "--parties", "2", "--epochs", "2",
+            "--nan-policy", "error", *protocol)
+    tables = {}
+    for party in ("party0", "party1"):
+        _, rows = _read_csv(demo / f"{party}.csv")
+        cells = ["new-customer", *rows[0][1:]]
+        if party == "party0":
+            cells[1] = ""  # a missing cell: this party cannot score the id under --nan-policy error
+        tables[party] = _as_parquet(demo / f"{party}.csv", tmp_path / f"{party}.parquet", (",".join(cells),))
+    served = Served(demo, demo / "run", "--deadline-ms", "20000", tables=tables)
     try:
-        _check_equal(served, tmp_path / "ref")
+        got = _check_equal(served, tmp_path / "ref")
         status, body = served.get("/v2/models/demo")
         assert status == 200 and body["parameters"]["protocols"] == (["ckks"] if protocol else [])
+        status, body = served.infer(["new-customer", next(iter(got))])
+        o = outputs(body)
+        assert status == 200 and o["error"][1] == "" and o["predicted_class"][0] == "", body
+        assert o["error"][0] == ("party0 holds it but cannot score it (its row has a missing cell, or a category "
+                                 "training never saw, and the model was trained with --nan-policy error) (vafl needs "
+                                 "every party's features for an id)")
     finally:
         served.close()
+    assert "1 row(s) with missing cells cannot be scored (--nan-policy error)" in served.log("party0")
     if protocol:  # the label party saw sums only: no party's output ever reached it alone
         assert "ckks" in (demo / "run" / "label" / "config.toml").read_text()
 

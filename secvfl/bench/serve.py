@@ -87,12 +87,13 @@ def _load(port: int, ctx: ssl.SSLContext, bodies: list[bytes], clients: int, per
 def _in_process_forward(demo: Path, run: Path, ids: list[str], repeats: int) -> dict[str, float]:
     """Every party's model and the head in this process on batches of 1 and 64 ids (their preprocessed rows)."""
     from secvfl.checkpoint import read_party_states
-    from secvfl.deploy.fitted import apply_fitted, load_fitted, load_run_layout, read_party_table
+    from secvfl.deploy.data import load_run_layout
     from secvfl.deploy.remote import load_party_state
     from secvfl.federation import load_federation
     from secvfl.parties import probabilities
     from secvfl.runner import read_run_config
     from secvfl.serve.model import build_served_run, own_party
+    from secvfl.serve.party import load_served_table
 
     federation = load_federation(demo / "federation.toml")
     cfg = read_run_config(run / "label")
@@ -108,11 +109,11 @@ def _in_process_forward(demo: Path, run: Path, ids: list[str], repeats: int) -> 
         party.load_state_dict(load_party_state(run / p.name, p.name, states[p.name])["party"])
         party.model.eval()
         bottoms.append(party.model)
-        tables.append(apply_fitted(load_fitted(run / p.name), *read_party_table(p.data, p.name)))
+        tables.append(load_served_table(federation, p.name, run / p.name, None, log=lambda _: None)[1])
     out = {}
     for size in (1, 64):
         batch = (ids * (size // len(ids) + 1))[:size]
-        xs = [torch.as_tensor(t.X[t.lookup(batch)[0]]) for t in tables]
+        xs = [torch.as_tensor(t.X[t.rows(batch)]) for t in tables]  # ids every party holds
         times = []
         with torch.no_grad():
             for _ in range(repeats):

@@ -42,8 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run", type=Path, required=True, metavar="DIR",
                    help="this party's directory of the trained run (secvfl party --out, or RUN/<party> of launch)")
     p.add_argument("--table", type=Path, default=None, metavar="FILE",
-                   help="feature party: the table to score, with the training file's id and columns (default: the "
-                        "party's file in the federation file)")
+                   help="feature party: the table to score (CSV or Parquet), with the training file's id and columns "
+                        "(default: the party's file in the federation file); prepared as the training rows were: a "
+                        "category training never saw counts as a missing cell, and under --nan-policy error an id "
+                        "whose row has a missing cell gets an error instead of a score")
     h = p.add_argument_group("the label party's endpoint")
     h.add_argument("--http", default=None, metavar="HOST:PORT",
                    help="where the label party answers clients over HTTPS (required for the label party)")

@@ -2,7 +2,8 @@
 missing-value tokens. Reading is secvfl.data.table's (pyarrow); this module turns columns into features and labels.
 
 :class:`ColumnEncoding` is what a column became (a number, or its sorted categories one-hot): a party fits it on its
-training table and applies the same to new rows (:func:`encode_columns` with ``encodings``).
+training table and applies the same to new rows (:func:`encode_columns` with ``encodings``; a served party's table,
+secvfl.deploy.data.read_prepared_table).
 """
 
 from __future__ import annotations
@@ -35,7 +36,16 @@ __all__ = ["load_csv", "MISSING_TOKENS", "ColumnEncoding", "FeatureBlock", "Lazy
 @dataclass
 class ColumnEncoding:
     """What one source column became: ``number`` (one feature) or ``categories`` (one feature per category,
-    sorted; a cell outside them is all zeros, a missing cell NaN in each)."""
+    sorted; a missing cell is NaN in each).
+
+    Applied to new rows, a category outside the fitted ones is a missing cell: NaN in each of the column's
+    features, then handled by the run's ``--nan-policy`` like any missing cell (``mean``: each feature gets its
+    training mean, i.e. the column's training frequencies, 0 once standardised; ``error``: the row cannot be
+    scored). Why not all zeros (scikit-learn's ``handle_unknown="ignore"``): the model learned nothing about the
+    new category, which is exactly what a missing cell tells it; all zeros, once standardised, is an input no
+    training row had (every training row holds one of the categories, or a missing cell), so its prediction would
+    be an extrapolation nobody asked for, and with ``--nan-policy error`` the user asked to be told rather than
+    have a value made up. :func:`encode_columns` counts such cells (``FeatureBlock.unseen``)."""
 
     name: str
     kind: str  # "number" | "categories"
@@ -62,6 +72,7 @@ class FeatureBlock:
     names: list[str]
     encodings: list[ColumnEncoding]
     shift: np.ndarray | None = None
+    unseen: dict[str, int] = field(default_factory=dict)  # applied encodings: cells of a category not fitted
 
 
 def _missing_texts(texts: list[str]) -> np.ndarray:
@@ -111,6 +122,29 @@ def _check_finite(col: Column, rows: np.ndarray | None, table: TableFile) -> Non
                         "be finite (write a missing cell as empty or NA)")
 
 
+def _check_numbers(col: Column, enc: ColumnEncoding, rows: np.ndarray | None, table: TableFile) -> None:
+    """New rows for a fitted encoding: a column of numbers in training must hold finite numbers (or missing cells);
+    a column of categories must have been read as text. The first bad cell is named with its line."""
+    if enc.kind != "number":
+        if col.texts is None:
+            raise DataError(f"{table.path.name}: column {col.name!r} holds categories in the model's training data, "
+                            "but was read as numbers; read it as text")  # pragma: no cover - callers read it as text
+        return
+    if col.texts is not None:
+        bad_text = np.array([t.strip().lower() not in MISSING_TOKENS and not is_number(t.strip()) for t in col.texts],
+                            dtype=bool)
+        bad = bad_text[col.codes if rows is None else col.codes[rows]]
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            row = r if rows is None else int(rows[r])
+            where, _ = table.cell(row, col.name)
+            text = col.texts[int(col.codes[row])].strip()
+            raise DataError(f"{table.path.name} {where}: column {col.name!r} holds {text!r}, not a number (the column "
+                            "held numbers in the model's training data); fix the cell, or leave it empty to mark it "
+                            "missing")
+    _check_finite(col, rows, table)
+
+
 class _Feature:
     """How to produce one source column's features at any rows: numbers (float64 values, or float32 values minus a
     shift) or one-hot categories (each distinct text's category, -1 unseen, and whether it is missing)."""
@@ -137,7 +171,14 @@ class _Feature:
             index = {c: i for i, c in enumerate(enc.categories)}
             texts = col.texts if col.texts is not None else []
             self.position = np.array([index.get(t.strip(), -1) for t in texts], dtype=np.int64)
-            self.missing = _missing_texts(texts)
+            # a missing cell, or a category outside the fitted ones (the same, see ColumnEncoding): NaN
+            self.unseen = (self.position < 0) & ~_missing_texts(texts)
+
+    def unseen_cells(self, src: np.ndarray | None) -> int:
+        """Cells at table rows ``src`` (None: all) holding a category outside the encoding's."""
+        if self.values is not None or self.per_text is not None or not self.unseen.any():
+            return 0
+        return int(self.unseen[self.codes if src is None else self.codes[src]].sum())
 
     def fill(self, out: np.ndarray, src: np.ndarray | None, shifted: bool) -> None:
         """Write this column's features at table rows ``src`` (None: all) into ``out`` (rows x width)."""
@@ -155,7 +196,7 @@ class _Feature:
         out[:] = 0.0
         seen = np.flatnonzero(at >= 0)
         out[seen, at[seen]] = 1.0
-        out[self.missing[self.codes if src is None else self.codes[src]]] = np.nan
+        out[at < 0] = np.nan  # missing, or a category outside the encoding's (see ColumnEncoding)
 
 
 class LazyBlock:
@@ -202,26 +243,31 @@ def encode_columns(columns: Sequence[Column], table: TableFile, *, rows: np.ndar
     rows) or as ``encodings`` say. ``lean`` (default: whether the table is large or read as float32) gives a
     :class:`LazyBlock` (float32 minus a per-feature shift, assembled by rows when read) instead of float64."""
     fit_rows = rows if fit_rows is None else fit_rows
+    applied = encodings is not None
     if encodings is None:
         encodings = []
         for col in columns:
             _check_finite(col, fit_rows, table)
             encodings.append(_fit(col, fit_rows))
+    else:
+        for col, enc in zip(columns, encodings, strict=True):
+            _check_numbers(col, enc, rows, table)
     n = len(columns[0]) if rows is None and columns else (0 if rows is None else len(rows))
     width = sum(len(e.output_names) for e in encodings)
     if lean is None:
         lean = any(c.values is not None and c.values.dtype == np.float32 for c in columns) or n * width > EXACT_CELLS
     features = [_Feature(col, enc, lean) for col, enc in zip(columns, encodings, strict=True)]
     names = [name for enc in encodings for name in enc.output_names]
+    unseen = {e.name: k for e, f in zip(encodings, features, strict=True) if applied and (k := f.unseen_cells(rows))}
     if lean:
         block = LazyBlock(features, rows, n)
-        return FeatureBlock(block, names, list(encodings), block.shift)  # type: ignore[arg-type]
+        return FeatureBlock(block, names, list(encodings), block.shift, unseen)  # type: ignore[arg-type]
     X = np.empty((n, width), dtype=np.float64)
     j = 0
     for f in features:
         f.fill(X[:, j : j + f.width], rows, shifted=False)
         j += f.width
-    return FeatureBlock(X, names, list(encodings), None)
+    return FeatureBlock(X, names, list(encodings), None, unseen)
 
 
 def label_codes(col: Column) -> tuple[np.ndarray, list[str]]:

@@ -29,43 +29,55 @@ _CHUNK_ROWS = 1 << 16
 @dataclass
 class Standardisation:
     """The fitted preprocessing of a table's features: the columns kept (of the encoded features), the training
-    means used for missing values (None: none imputed), and the training mean and standard deviation."""
+    means used for missing values (None: none imputed), the training mean and standard deviation, and the
+    ``--nan-policy`` the table was prepared with."""
 
     columns: list[str]
     mean: np.ndarray
     std: np.ndarray
     impute: np.ndarray | None = None
     image: bool = False  # one mean and deviation for every pixel
+    nan_policy: str = "mean"
 
     def to_dict(self) -> dict:
         return {"columns": list(self.columns), "mean": np.atleast_1d(self.mean).tolist(),
                 "std": np.atleast_1d(self.std).tolist(), "impute": None if self.impute is None
-                else self.impute.tolist(), "image": self.image}
+                else self.impute.tolist(), "image": self.image, "nan_policy": self.nan_policy}
 
     @classmethod
     def from_dict(cls, d: dict) -> Standardisation:
         return cls([str(c) for c in d["columns"]], np.asarray(d["mean"], dtype=np.float64),
                    np.asarray(d["std"], dtype=np.float64),
                    None if d.get("impute") is None else np.asarray(d["impute"], dtype=np.float64),
-                   bool(d.get("image", False)))
+                   bool(d.get("image", False)), str(d.get("nan_policy", "mean")))
 
-    def apply(self, X: np.ndarray, names: list[str], shift: np.ndarray | None = None) -> np.ndarray:
+    def apply(self, X: np.ndarray, names: list[str], shift: np.ndarray | None = None, *,
+              missing: np.ndarray | None = None) -> np.ndarray:
         """New rows (features named ``names``, float64, or float32 minus ``shift``) as the training rows were
-        prepared: the kept columns, missing cells imputed, standardised, float32; in row chunks."""
-        missing = [c for c in self.columns if c not in names]
-        if missing:
-            raise DataError(f"the table lacks feature(s) {missing[:5]} the model was trained on; give it the same "
+        prepared: the kept columns, missing cells imputed, standardised, float32; in row chunks. A missing cell is
+        imputed under ``--nan-policy mean`` (with the training mean of its column, also when training had no missing
+        cell to impute); under another policy it stays NaN (the row cannot be used). ``missing`` (a bool per row),
+        when given, is set True where a row has a missing cell in a kept column."""
+        absent = [c for c in self.columns if c not in names]
+        if absent:
+            raise DataError(f"the table lacks feature(s) {absent[:5]} the model was trained on; give it the same "
                             "columns")
         cols = np.array([names.index(c) for c in self.columns], dtype=np.int64)
         out = np.empty((len(X), len(cols)), dtype=np.float32)
         mu, sd = (float(self.mean[0]), float(self.std[0])) if self.image else (self.mean, self.std)
+        fill = self.impute
+        if fill is None and self.nan_policy == "mean" and not self.image:  # nothing was missing in training
+            fill = self.mean
         for start in range(0, len(X), _CHUNK_ROWS):
             v = X[start : start + _CHUNK_ROWS][:, cols].astype(np.float64)
             if shift is not None:
                 v += shift[cols]
-            if self.impute is not None:
-                r, c = np.nonzero(np.isnan(v))
-                v[r, c] = self.impute[c]
+            nan = np.isnan(v)
+            if missing is not None:
+                missing[start : start + len(v)] = nan.any(axis=1)
+            if fill is not None:
+                r, c = np.nonzero(nan)
+                v[r, c] = fill[c]
             out[start : start + len(v)] = (v - mu) / sd
         return out
 
@@ -309,7 +321,7 @@ def prepare(
         image_channels=raw.image_channels,
         notes=notes,
         standardisation=Standardisation(feature_names, np.atleast_1d(mu), np.atleast_1d(sd), means,
-                                        image=raw.image_shape is not None),
+                                        image=raw.image_shape is not None, nan_policy=nan_policy),
         encodings=raw.encodings,
     )
 
@@ -448,5 +460,5 @@ def _prepare_large(raw: RawData, name: str, *, seed: int, val_fraction: float, t
     return Dataset(
         name=name, X_train=block[:a], y_train=y[train], X_val=block[a:b], y_val=y[val], X_test=block[b:],
         y_test=y[test], n_classes=len(raw.classes), feature_names=names, classes=list(raw.classes), notes=notes,
-        standardisation=Standardisation(names, mu, sd, means), encodings=raw.encodings)
+        standardisation=Standardisation(names, mu, sd, means, nan_policy=nan_policy), encodings=raw.encodings)
 

@@ -13,8 +13,8 @@ When the federation file gives every party a ``data`` table, no process reads an
    messages of at most :data:`PLAN_CHUNK` ids, each declaring its split's total (:func:`send_plan`);
 4. each feature party prepares its own columns for those rows (missing values, one-hot categories, standardisation
    with its training rows' statistics: :func:`secvfl.data.preprocess.prepare`), keeps that fitted preprocessing in
-   its own directory (:func:`save_preprocessing`; :func:`read_prepared_table` prepares new rows with it) and answers
-   with its width;
+   its own directory (:class:`Preprocessing`, :func:`save_preprocessing`) and answers with its width; the label party
+   keeps the class names and the widths (:func:`save_run_layout`);
 5. every process builds the run from a table in which only its own block (or, at the label party, the labels) is
    filled: the other blocks are zeros of the announced widths, so the algorithm code is the same as in one process.
 
@@ -24,6 +24,16 @@ party learns each feature party's number of columns after encoding. Labels, feat
 hold never leave their owner. Rows held by some feature parties only are left out (missing blocks from alignment
 are not used yet); ``--p-miss-train/--p-miss-test`` (simulated missing blocks) and ``--nan-policy drop`` (which
 would need every party's missing cells) are refused.
+
+Serving (`secvfl serve`) prepares a feature party's table of customers to score with the same code as training:
+:func:`read_prepared_table` encodes its columns with the saved encodings (secvfl.data.csv_loader.encode_columns)
+and standardises them with the saved statistics (secvfl.data.preprocess.Standardisation), so the rows training saw
+come out bit for bit as training prepared them (tests/test_serve.py). The rules for cells training never saw are
+those of the encodings and the standardisation: a category outside the fitted ones is a missing cell
+(secvfl.data.csv_loader.ColumnEncoding says why); a missing cell gets its column's training mean under ``--nan-policy
+mean``, and makes its row unusable under ``error`` (the party reports that id as one it cannot score, with the
+reason; the rest of the table is served); a non-number in a column of numbers, or an infinite number, refuses the
+table with its file and line.
 
 The equivalent one-process run: the rows every party holds, in the label party's file order, joined into one CSV
 (feature columns in party order, then the label): ``secvfl train --dataset csv:joined.csv`` gives the same metrics
@@ -36,6 +46,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +57,10 @@ from secvfl.data import Dataset
 from secvfl.data.csv_loader import ColumnEncoding, encode_columns, encode_labels, label_codes
 from secvfl.data.dataset import RawData
 from secvfl.data.files import check_readable_file, check_unique_ids
+from secvfl.data.id_index import IdIndex
 from secvfl.data.masks import parse_p_miss
 from secvfl.data.partition import Partition, partition_columns
-from secvfl.data.preprocess import Standardisation, check_class_sizes, prepare, split_rows
+from secvfl.data.preprocess import NAN_POLICIES, Standardisation, check_class_sizes, prepare, split_rows
 from secvfl.data.table import Column, TableFile, open_table, read_columns
 from secvfl.errors import ConfigError, DataError, ProtocolError
 from secvfl.federation import DataSpec, Federation
@@ -59,13 +71,16 @@ from secvfl.transport.network import Network
 
 __all__ = ["ALIGN", "PLAN", "AlignRows", "OwnFile", "RowPlan", "read_own_file", "uses_data_files", "check_config",
            "plan_rows", "prepare_own_block", "run_table", "counting_apart", "record_alignment", "send_plan",
-           "receive_plan", "PREPROCESSING_FILE", "save_preprocessing", "load_preprocessing", "read_prepared_table"]
+           "receive_plan", "PREPROCESSING_FILE", "Preprocessing", "PreparedTable", "save_preprocessing",
+           "load_preprocessing", "read_prepared_table", "LAYOUT_FILE", "save_run_layout", "load_run_layout"]
 
 ALIGN, PLAN = "__align__", "__plan__"  # the coordinator's requests before the hello (secvfl.deploy.party)
 PLAN_IDS_KIND = register_kind("plan-ids")  # the label party's rows of each split, as ids, in chunks
 SPLITS = ("train", "val", "test")
 PLAN_CHUNK = 1 << 16  # ids per plan message
 PREPROCESSING_FILE = "preprocessing.json"
+PREPROCESSING_VERSION = 2  # version 1 was written by serving's earlier module of its own; unversioned: by main briefly
+LAYOUT_FILE = "serving.json"
 
 # (network, this party, its peers, its own ids) -> per peer, this party's rows (sorted) whose ids the peer also
 # holds: one side of a private set intersection with each peer (protocols.psi.align_rows_with_peers, with the
@@ -278,7 +293,7 @@ def receive_plan(net: Network, me: str, sender: str, limit: int) -> tuple[Any, A
 
 
 def prepare_own_block(own: OwnFile, ids: Sequence[Any], learned: np.ndarray, cfg: TrainConfig
-                      ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], list[str], list[str], dict[str, Any]]:
+                      ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], list[str], list[str], Preprocessing]:
     """A feature party's columns for the label party's rows: (train, val, test) arrays, column names, notes, and
     the fitted preprocessing (:func:`save_preprocessing`). ``learned``: this party's rows the label party holds."""
     import pyarrow as pa
@@ -304,37 +319,132 @@ def prepare_own_block(own: OwnFile, ids: Sequence[Any], learned: np.ndarray, cfg
     del block
     data = prepare(raw, own.file.name, seed=cfg.seed, val_fraction=cfg.val_fraction, nan_policy=cfg.nan_policy,
                    rows=tuple(np.arange(bounds[i], bounds[i + 1]) for i in range(3)))  # type: ignore[arg-type]
-    preprocessing = {"file": str(own.file), "columns": [e.to_dict() for e in raw.encodings],
-                     "standardisation": data.standardisation.to_dict()}
+    preprocessing = Preprocessing(own.party, str(own.file), list(raw.encodings), data.standardisation)
     return (data.X_train, data.X_val, data.X_test), data.feature_names, data.notes, preprocessing
 
 
-def save_preprocessing(run_dir: Path, party: str, preprocessing: dict[str, Any]) -> Path:
-    """Keep a feature party's fitted preprocessing (each source column's encoding, the kept features, training means
-    and deviations) in its own run directory, as JSON: :func:`read_prepared_table` prepares new rows with it."""
+@dataclass(frozen=True)
+class Preprocessing:
+    """A feature party's preprocessing fitted on its training rows: each source column's encoding (numbers, or its
+    categories one-hot) and the standardisation (the features kept, the means that fill missing cells, the training
+    means and deviations, the ``--nan-policy``). Saved in the party's own run directory (:func:`save_preprocessing`;
+    nothing in it leaves the party); :func:`read_prepared_table` prepares new rows with it."""
+
+    party: str
+    file: str  # the training file (a record of where the statistics come from)
+    encodings: list[ColumnEncoding]
+    standardisation: Standardisation
+
+    @property
+    def width(self) -> int:
+        return len(self.standardisation.columns)
+
+    @property
+    def nan_policy(self) -> str:
+        return self.standardisation.nan_policy
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": PREPROCESSING_VERSION, "party": self.party, "file": self.file,
+                "columns": [e.to_dict() for e in self.encodings], "standardisation": self.standardisation.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Preprocessing:
+        """Read back what :meth:`to_dict` wrote; a damaged file or another format gets a ConfigError naming it."""
+        fix = "retrain the run, or restore the file from a backup"
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where} is damaged (not a JSON object); {fix}")
+        if d.get("version") != PREPROCESSING_VERSION:
+            raise ConfigError(f"{where} is of format version {d.get('version')}, written by another secvfl; this one "
+                              f"reads version {PREPROCESSING_VERSION}: retrain the run with it, or serve with the "
+                              "secvfl that trained")
+        try:
+            encodings = [ColumnEncoding.from_dict(c) for c in d["columns"]]
+            standard = Standardisation.from_dict(d["standardisation"])
+            made = cls(str(d["party"]), str(d["file"]), encodings, standard)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"{where} is damaged ({type(exc).__name__}: {exc}); {fix}") from None
+        names = [n for e in encodings for n in e.output_names]
+        stats = [standard.mean, standard.std, *([] if standard.impute is None else [standard.impute])]
+        if (not encodings or any(e.kind not in ("number", "categories") for e in encodings)
+                or len({e.name for e in encodings}) != len(encodings) or len(set(names)) != len(names)
+                or not standard.columns or not set(standard.columns) <= set(names)
+                or len(set(standard.columns)) != len(standard.columns) or standard.image
+                or any(s.shape != (len(standard.columns),) or not np.isfinite(s).all() for s in stats)
+                or (standard.std <= 0).any() or standard.nan_policy not in NAN_POLICIES):
+            raise ConfigError(f"{where} is damaged (its columns and statistics do not fit together); {fix}")
+        return made
+
+
+def save_preprocessing(run_dir: Path, preprocessing: Preprocessing) -> Path:
+    """Keep a feature party's fitted preprocessing in its own run directory (``preprocessing.json``, atomically)."""
     path = Path(run_dir) / PREPROCESSING_FILE
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps({"party": party, **preprocessing}, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(preprocessing.to_dict(), indent=1) + "\n")
     return path
 
 
-def load_preprocessing(run_dir: Path) -> dict[str, Any]:
+def load_preprocessing(run_dir: Path) -> Preprocessing:
     path = Path(run_dir) / PREPROCESSING_FILE
-    if not path.is_file():
-        raise DataError(f"{run_dir} holds no {PREPROCESSING_FILE}: a party's preprocessing is saved there when it "
-                        "trains on its own file")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist: {run_dir} holds no fitted preprocessing of a feature party (a "
+                          "party saves it when it trains on its own file); pass the directory `secvfl party --out` "
+                          "wrote for this party (after `secvfl launch --out RUN`: RUN/<party>)") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}; restore it from a backup, or retrain the run") from None
+    return Preprocessing.from_dict(data, str(path))
 
 
-def read_prepared_table(spec: DataSpec, party: str, preprocessing: dict[str, Any]) -> tuple[Any, np.ndarray]:
-    """A party's own table (new rows: customers to score, say) prepared as its training rows were: (its ids, an
-    Arrow array; one float32 block, rows x features). Categories unseen in training are all zeros."""
-    encodings = [ColumnEncoding.from_dict(d) for d in preprocessing["columns"]]
-    table, columns, ids = _read_table(spec, party, [spec.id, *[e.name for e in encodings]])
+@dataclass
+class PreparedTable:
+    """A party's table prepared for its model (:func:`read_prepared_table`): its ids (an Arrow string array, in file
+    order), one float32 block (rows x features; zeros in a row that cannot be used), which rows can be used, and
+    what was done to cells training never saw (``notes``; ``why_unusable``: why a row cannot be used)."""
+
+    file: Path
+    ids: Any
+    X: np.ndarray
+    usable: np.ndarray
+    notes: list[str]
+    why_unusable: str = ""
+
+    @cached_property
+    def index(self) -> IdIndex:
+        return IdIndex(self.ids)
+
+    def rows(self, wanted: Sequence[str] | Any) -> np.ndarray:
+        """The row of each of ``wanted`` ids, -1 where the table does not hold it (secvfl.data.id_index)."""
+        return self.index.rows(wanted)
+
+
+def read_prepared_table(spec: DataSpec, party: str, preprocessing: Preprocessing) -> PreparedTable:
+    """A party's own table (``spec.file``: its training file, or new customers to score with the same id and
+    columns; CSV or Parquet) prepared as its training rows were, by the code that prepared them (see the module
+    doc for cells training never saw)."""
+    encodings = preprocessing.encodings
+    categories = [e.name for e in encodings if e.kind == "categories"]  # compared as text, whatever they look like
+    table, columns, ids = _read_table(spec, party, [spec.id, *[e.name for e in encodings]], text=categories)
     block = encode_columns([columns[e.name] for e in encodings], table, encodings=encodings)
     del columns
-    standard = Standardisation.from_dict(preprocessing["standardisation"])
-    return ids, standard.apply(block.X, block.names, block.shift)
+    standard = preprocessing.standardisation
+    policy = standard.nan_policy
+    notes = [f"column {name!r}: {k} cell(s) hold a category training never saw, treated as missing cells "
+             f"(--nan-policy {policy})" for name, k in block.unseen.items()]
+    incomplete = np.zeros(len(ids), dtype=bool)
+    X = standard.apply(block.X, block.names, block.shift, missing=incomplete)
+    del block
+    usable = np.ones(len(ids), dtype=bool)
+    why = ""
+    if incomplete.any():
+        if policy == "mean":
+            notes.append(f"{int(incomplete.sum())} row(s) with missing cells filled with the training means")
+        else:
+            usable = ~incomplete
+            X[incomplete] = 0.0
+            why = f"its row has a missing cell, and the model was trained with --nan-policy {policy}"
+            notes.append(f"{int(incomplete.sum())} row(s) with missing cells cannot be scored (--nan-policy {policy})")
+    return PreparedTable(spec.file, ids, X, usable, notes, why)
 
 
 def run_table(name: str, widths: Sequence[int], sizes: Sequence[int], n_classes: int, *,
@@ -386,6 +496,33 @@ def record_alignment(run_dir: Path | None, plan: RowPlan, resumed: bool) -> None
         return
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps({"rows_sha256": plan.digest(), **plan.counts}, indent=2) + "\n")
+
+
+def save_run_layout(run_dir: Path, *, classes: Sequence[str], widths: Sequence[int]) -> Path:
+    """The label party's record of what a served answer needs that its other files do not keep (``serving.json``):
+    the class names, in the order of the model's outputs, and each feature party's width after encoding."""
+    path = Path(run_dir) / LAYOUT_FILE
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps({"version": 1, "classes": [str(c) for c in classes],
+                                        "widths": [int(w) for w in widths]}, indent=1) + "\n")
+    return path
+
+
+def load_run_layout(run_dir: Path) -> tuple[list[str], list[int]]:
+    """(class names, each feature party's width) from the label party's ``serving.json``."""
+    path = Path(run_dir) / LAYOUT_FILE
+    try:
+        data = json.loads(path.read_text())
+        classes, widths = [str(c) for c in data["classes"]], [int(w) for w in data["widths"]]
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist: {run_dir} is not the label party's directory of a run whose "
+                          "parties read their own files (trained with this secvfl); pass the directory "
+                          "`secvfl party --out` (or `secvfl launch --out RUN`: RUN/<label party>) wrote") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is damaged ({type(exc).__name__}); retrain, or restore it from a backup") from None
+    if len(classes) < 2 or not widths or any(w < 1 for w in widths):
+        raise ConfigError(f"{path} is damaged (classes {classes[:5]}, widths {widths}); retrain, or restore it")
+    return classes, widths
 
 
 def with_federation_dataset(cfg: TrainConfig, federation: Federation) -> TrainConfig:

@@ -46,11 +46,11 @@ from secvfl.deploy.data import (
     record_alignment,
     run_table,
     save_preprocessing,
+    save_run_layout,
     send_plan,
     uses_data_files,
     with_federation_dataset,
 )
-from secvfl.deploy.fitted import fit_preprocessing, save_fitted, save_run_layout
 from secvfl.deploy.remote import (
     CPU,
     HELLO,
@@ -158,15 +158,6 @@ def _own_file(federation: Federation, name: str, align_ids: AlignRows | None):  
     return None if spec is None else read_own_file(spec, name)  # the aggregator holds no file
 
 
-def _keep_fitted_preprocessing(state_dir: Path, federation: Federation, name: str, own: Any, ids: Any,
-                               cfg: TrainConfig) -> None:
-    """Save what this party's preparation fitted on its training rows in its own directory (secvfl.deploy.fitted:
-    `secvfl serve` applies it to the tables it scores)."""
-    index = {ident: r for r, ident in enumerate(own.ids)}
-    save_fitted(state_dir, fit_preprocessing(name, federation.party(name).data, own.columns, ids, index,
-                                             cfg.nan_policy))
-
-
 def _check_federation(federation: Federation, cfg: TrainConfig) -> None:
     k = len(federation.feature_parties)
     if cfg.parties != k:
@@ -210,7 +201,7 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
             held["columns"], names, notes, preprocessing = prepare_own_block(own, ids, held["learned"], cfg)
             for note in notes:
                 log(f"{name}: data: {note}")
-            save_preprocessing(state_dir, name, preprocessing)
+            save_preprocessing(state_dir, preprocessing)  # `secvfl serve` prepares the tables it scores with it
             return {"width": len(names), "psi_sent": held["psi_sent"]}
         if method == HELLO:
             cfg = TrainConfig.from_dict(args[0])

@@ -3,7 +3,7 @@
 Modules:
 
 * :mod:`secvfl.serve.party` -- a feature party's (or the CKKS aggregator's) serving process: its own table with the
-  preprocessing fitted in training (secvfl.deploy.fitted), its own model, answers to the coordinator only;
+  preprocessing fitted in training (secvfl.deploy.data), its own model, answers to the coordinator only;
 * :mod:`secvfl.serve.coordinator` -- the label party's coordinator: loads its part of the model, scores batches of ids
   with the feature parties over the federation's mutual-TLS links, LASER-VFL without the parties that do not answer;
 * :mod:`secvfl.serve.batching` -- dynamic batching with bounded waits and queues;

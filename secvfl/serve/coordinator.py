@@ -34,8 +34,7 @@ import numpy as np
 import torch
 
 from secvfl.checkpoint import read_party_states
-from secvfl.deploy.data import uses_data_files
-from secvfl.deploy.fitted import load_run_layout
+from secvfl.deploy.data import load_run_layout, uses_data_files
 from secvfl.deploy.party import AGGREGATOR, Timeouts, check_across_processes, make_transport, run_names
 from secvfl.errors import ConfigError, MessageError, ProtocolError, SecvflError
 from secvfl.federation import Federation
@@ -314,16 +313,24 @@ class Coordinator:
             self.log(f"{self.names.get(exc.party, exc.party)} is gone: {_reason(exc)}")
             return Scored.failed(len(ids), len(self.classes), f"party {self.names.get(exc.party, exc.party)} is gone")
 
-    def _held(self, answers: dict[str, Answer], n: int) -> dict[str, np.ndarray]:
-        held = {}
+    def _held(self, answers: dict[str, Answer], n: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Per party that answered: which ids it holds and can score, and which it holds but cannot score."""
+        held, unusable = {}, {}
         for p, a in answers.items():
+            if any(i >= n for i in a.missing) or not set(a.unusable) <= set(a.missing):
+                continue  # out of range, or inconsistent: treated as no answer
             mask = np.ones(n, dtype=bool)
-            bad = [i for i in a.missing if i >= n]
-            if bad:
-                continue  # out of range: treated as no answer
             mask[a.missing] = False
             held[p] = mask
-        return held
+            unusable[p] = np.zeros(n, dtype=bool)
+            unusable[p][a.unusable] = True
+        return held, unusable
+
+    def _cannot_score(self, parties: Sequence[str]) -> str:
+        """Why ``parties`` hold an id but cannot score it (a party's row unusable under --nan-policy error)."""
+        names = ", ".join(self.names[p] for p in parties)
+        return (f"{names} hold{'s' * (len(parties) == 1)} it but cannot score it (its row has a missing cell, or a "
+                f"category training never saw, and the model was trained with --nan-policy {self.cfg.nan_policy})")
 
     def _score_split(self, ids: list[str], deadline: float) -> Scored:
         n, C = len(ids), len(self.classes)
@@ -360,7 +367,7 @@ class Coordinator:
                 for p in answers:  # their outputs of this abandoned request: off the network
                     self.net.receive(self.me, kind=SERVE_OUTPUT, sender=p)
             return Scored.failed(n, C, "; ".join(dict.fromkeys(errors.values())))
-        held = self._held(answers, n)
+        held, unusable = self._held(answers, n)
         if len(held) != len(self.parties):
             return Scored.failed(n, C, "a party named ids outside the request")
         if aggregated:
@@ -388,16 +395,18 @@ class Coordinator:
         everyone = [self.names[p] for p in self.parties]
         errors_per_id, contributors = [], []
         for i in range(n):
-            lacking = [self.names[p] for p in self.parties if not held[p][i]]
-            if lacking:
-                errors_per_id.append(f"not held by {', '.join(lacking)} ({self.cfg.algo} needs every party's "
-                                     "features for an id)")
+            lacking = [self.names[p] for p in self.parties if not held[p][i] and not unusable[p][i]]
+            unscorable = [p for p in self.parties if unusable[p][i]]
+            if lacking or unscorable:
+                why = ([f"not held by {', '.join(lacking)}"] if lacking else []) + (
+                    [self._cannot_score(unscorable)] if unscorable else [])
+                errors_per_id.append(f"{'; '.join(why)} ({self.cfg.algo} needs every party's features for an id)")
                 contributors.append([])
                 proba[i] = 0.0
             else:
                 errors_per_id.append("")
                 contributors.append(everyone)
-        unknown = {i for i in range(n) if not any(held[p][i] for p in self.parties)}
+        unknown = {i for i in range(n) if not any(held[p][i] or unusable[p][i] for p in self.parties)}
         return Scored(proba, errors_per_id, contributors, [[] for _ in range(n)], unknown)
 
     def _score_laser(self, ids: list[str], deadline: float, deadline_s: float) -> Scored:
@@ -418,18 +427,19 @@ class Coordinator:
                 continue
             a, _ = self._await(p, r, deadline)
             (reasons.__setitem__(p, a.error) if a.error else answers.__setitem__(p, a))
-        held = self._held(answers, n)
+        held, unusable = self._held(answers, n)
         index = {p: k for k, p in enumerate(self.parties)}
         sets: dict[tuple[int, ...], list[int]] = {}
         for i in range(n):
             members = tuple(index[p] for p in self.parties if p in held and held[p][i])
             if members:
                 sets.setdefault(members, []).append(i)
-            else:
-                out.errors[i] = "no party that answered in time holds this id" + (
-                    f" ({'; '.join(dict.fromkeys(reasons.values()))})" if reasons else "")
+                continue
+            unscorable = [p for p in unusable if unusable[p][i]]
+            why = list(dict.fromkeys(reasons.values())) + ([self._cannot_score(unscorable)] if unscorable else [])
+            out.errors[i] = "no party that answered in time holds this id" + (f" ({'; '.join(why)})" if why else "")
         if len(held) == len(self.parties):
-            out.unknown = {i for i in range(n) if not any(held[p][i] for p in self.parties)}
+            out.unknown = {i for i in range(n) if not any(held[p][i] or unusable[p][i] for p in self.parties)}
         todo = [Group(g, list(m), rows) for g, (m, rows) in enumerate(sorted(sets.items()))]
         next_index = len(todo)
         for attempt in range(2):

@@ -1,8 +1,9 @@
 """The serving processes of a trained run on this host (127.0.0.1): started, watched and stopped by their process ids.
 
 For `secvfl bench serve` and the tests: every feature party (and the aggregator) runs `secvfl serve` in its own
-process, then the label party with ``--http 127.0.0.1:PORT``; :meth:`LocalServing.wait_ready` polls the endpoint's
-readiness probe with the federation's client certificate (``certs/clients/app`` of `secvfl demo-federation`).
+process (with ``--table FILE`` where ``tables`` names one for it), then the label party with ``--http
+127.0.0.1:PORT``; :meth:`LocalServing.wait_ready` polls the endpoint's readiness probe with the federation's client
+certificate (``certs/clients/app`` of `secvfl demo-federation`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ __all__ = ["LocalServing"]
 
 class LocalServing:
     def __init__(self, demo: Path, run: Path, *, port: int, extra: list[str] | tuple[str, ...] = (),
-                 party_flags: list[str] | tuple[str, ...] = (), client: str = "app") -> None:
+                 party_flags: list[str] | tuple[str, ...] = (), client: str = "app",
+                 tables: dict[str, Path] | None = None) -> None:
         from secvfl.federation import load_federation
 
         self.demo, self.run, self.port, self.client = Path(demo), Path(run), port, client
@@ -38,6 +40,8 @@ class LocalServing:
                    "--name", name, "--run", str(self.run / name), *party_flags]
             if name == label:
                 cmd += ["--http", f"127.0.0.1:{port}", *extra]
+            elif tables and name in tables:
+                cmd += ["--table", str(tables[name])]
             self.logs[name] = self.run / f"serve-{name}.log"
             with self.logs[name].open("w") as log:
                 self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

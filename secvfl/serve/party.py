@@ -1,7 +1,8 @@
 """`secvfl serve` at a feature party (or the CKKS aggregator): answer the coordinator's scoring requests.
 
-The party reads its own table (its training file, or ``--table FILE`` with the same columns) and applies the
-preprocessing its training run fitted (secvfl.deploy.fitted) before it listens; then it waits for the coordinator's
+The party reads its own table (its training file, or ``--table FILE`` with the same id and columns; CSV or Parquet)
+and prepares it with the preprocessing its training run fitted, by the code that prepared its training rows
+(secvfl.deploy.data.read_prepared_table), and indexes its ids (secvfl.data.id_index) before it listens; then it waits for the coordinator's
 hello, which names the run's settings and the party's state file (the one the label party's final checkpoint
 records), loads its model from its own run directory and answers, one request at a time:
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from secvfl.config import TrainConfig
-from secvfl.deploy.fitted import apply_fitted, load_fitted, read_party_table
+from secvfl.deploy.data import PreparedTable, Preprocessing, load_preprocessing, read_prepared_table
 from secvfl.deploy.party import AGGREGATOR, Timeouts, check_across_processes, make_transport, run_names
 from secvfl.deploy.remote import load_party_state
 from secvfl.errors import ConfigError, MessageError, ProtocolError, SecvflError
@@ -50,10 +52,31 @@ from secvfl.serve.wire import (
 )
 from secvfl.transport.grpc_link import PartyLost
 
-__all__ = ["serve_feature_party"]
+__all__ = ["serve_feature_party", "load_served_table"]
 
 _FOREVER = 10.0 * 365 * 24 * 3600  # between requests a serving party waits as long as its coordinator lives
 _KEEP_REPRESENTATIONS = 4  # LASER-VFL: representations kept for the predict round of the latest requests
+
+
+def load_served_table(federation: Federation, name: str, run_dir: Path, table: Path | None,
+                      log: Callable[[str], None]) -> tuple[Preprocessing, PreparedTable]:
+    """Feature party ``name``'s fitted preprocessing (from its run directory) and its table prepared with it: its
+    training file, or ``table`` (the same id and columns), with its ids indexed."""
+    spec = federation.party(name).data
+    if spec is None:
+        raise ConfigError(f"{federation.source}: serving scores entities by id, so every party needs its own data "
+                          f"table; [parties.{name}] has none")
+    preprocessing = load_preprocessing(run_dir)
+    if table is not None:
+        spec = replace(spec, file=Path(table))
+    t0 = time.perf_counter()
+    prepared = read_prepared_table(spec, name, preprocessing)
+    for note in prepared.notes:
+        log(f"{name}: table {spec.file.name}: {note}")
+    prepared.index  # noqa: B018 - built before the party listens, not by its first request
+    log(f"{name}: {len(prepared.ids)} ids in {spec.file}, {int(prepared.usable.sum())} can be scored (read, prepared "
+        f"and indexed in {time.perf_counter() - t0:.1f} s)")
+    return preprocessing, prepared
 
 
 class _FeatureServer:
@@ -64,18 +87,9 @@ class _FeatureServer:
         self.me, self.coordinator = runs[name], runs[federation.label_party]
         self.names = {run: fed for fed, run in runs.items()}  # run name -> federation name
         self.is_aggregator = self.me == AGGREGATOR
-        self.table = None
+        self.table: PreparedTable | None = None
         if not self.is_aggregator:
-            spec = federation.party(name).data
-            if spec is None:
-                raise ConfigError(f"{federation.source}: serving scores entities by id, so every party needs its own "
-                                  f"data table; [parties.{name}] has none")
-            self.fitted = load_fitted(self.run_dir)
-            ids, cells, lines, path = read_party_table(spec, name, table)
-            self.table = apply_fitted(self.fitted, ids, cells, lines, path)
-            for note in self.table.notes:
-                log(f"{name}: table {path.name}: {note}")
-            log(f"{name}: {len(ids)} ids in {path}, {int(self.table.usable.sum())} can be scored")
+            self.preprocessing, self.table = load_served_table(federation, name, self.run_dir, table, log)
         self.audit = AuditLog(self.run_dir, name)
         self.transport = make_transport(federation, name, timeouts, log)
         self.timeouts = timeouts
@@ -159,9 +173,9 @@ class _FeatureServer:
         facts: dict[str, Any] = {}
         if not self.is_aggregator:
             block = parties.index(self.name)
-            if self.fitted.width != call.widths[block]:
-                raise ConfigError(f"{self.name}'s fitted preprocessing gives {self.fitted.width} columns, the run "
-                                  f"trained on {call.widths[block]}; serve with the run directory of the same run")
+            if self.preprocessing.width != call.widths[block]:
+                raise ConfigError(f"{self.name}'s fitted preprocessing gives {self.preprocessing.width} columns, the "
+                                  f"run trained on {call.widths[block]}; serve with the run directory of the same run")
             state = load_party_state(self.run_dir, self.me, call.state)
             party = own_party(run, self.me)
             party.load_state_dict(state["party"])
@@ -178,20 +192,22 @@ class _FeatureServer:
         return [self.party.f, self.party.g] if hasattr(self.party, "f") else [self.party.model]
 
     def _rows(self, call: Call) -> tuple[torch.Tensor, np.ndarray, Answer]:
-        rows, held = self.table.lookup(call.ids)
+        rows = self.table.rows(call.ids)
+        present = rows >= 0
+        rows = np.where(present, rows, 0)
+        held = present & self.table.usable[rows]  # an id this party holds and can score
         x = torch.as_tensor(self.table.X[rows], dtype=self.party.dtype, device=self.party.device)
-        missing = np.flatnonzero(~held)
-        unusable = [int(i) for i in missing if call.ids[i] in self.table.row]
         self.audit.write(coordinator=self.federation.label_party, request=call.request, op=call.op,
                          ids=list(call.ids), held=int(held.sum()))
         self.last_request = call.request
-        return x, held, Answer(call.op, call.request, missing=[int(i) for i in missing], unusable=unusable)
+        return x, held, Answer(call.op, call.request, missing=np.flatnonzero(~held).tolist(),
+                               unusable=np.flatnonzero(present & ~held).tolist())
 
     # -- split algorithms ------------------------------------------------------------------------------------------
     @torch.no_grad()
     def _embed(self, call: Call) -> Answer:
         if not call.ids:  # the coordinator's warm-up of a secure sum: one row of zeros, no id
-            x = torch.zeros((1, self.fitted.width), dtype=self.party.dtype, device=self.party.device)
+            x = torch.zeros((1, self.preprocessing.width), dtype=self.party.dtype, device=self.party.device)
             held, answer = np.zeros(1, dtype=bool), Answer("embed", call.request)
         else:
             x, held, answer = self._rows(call)
