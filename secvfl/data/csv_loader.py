@@ -222,7 +222,7 @@ class LazyBlock:
     def __getitem__(self, key: Any) -> np.ndarray:
         if isinstance(key, tuple):
             return self[key[0]][(slice(None), *key[1:])]
-        idx = np.arange(self.shape[0])[key] if isinstance(key, slice) else np.asarray(key, dtype=np.int64)
+        idx = np.arange(*key.indices(self.shape[0])) if isinstance(key, slice) else np.asarray(key, dtype=np.int64)
         src = idx if self.rows is None else self.rows[idx]
         out = np.empty((len(idx), self.shape[1]), dtype=np.float32)
         j = 0

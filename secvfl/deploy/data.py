@@ -79,7 +79,7 @@ PLAN_IDS_KIND = register_kind("plan-ids")  # the label party's rows of each spli
 SPLITS = ("train", "val", "test")
 PLAN_CHUNK = 1 << 16  # ids per plan message
 PREPROCESSING_FILE = "preprocessing.json"
-PREPROCESSING_VERSION = 2  # version 1 was written by serving's earlier module of its own; unversioned: by main briefly
+PREPROCESSING_VERSION = 2  # 1: an earlier format of serving alone; files without a version: an earlier format
 LAYOUT_FILE = "serving.json"
 
 # (network, this party, its peers, its own ids) -> per peer, this party's rows (sorted) whose ids the peer also
