@@ -25,7 +25,8 @@ def test_an_epoch_and_an_evaluation_do_not_copy_the_table() -> None:
     X = rng.standard_normal((n, d), dtype=np.float32)
     y = (X[:, 0] > 0).astype(np.int64)
     data = Dataset("t", X, y, X[:2000], y[:2000], X[:2000], y[:2000], 2, [f"x{j}" for j in range(d)], ["0", "1"])
-    run = build_run(TrainConfig(algo="splitnn", parties=2, batch_size=2048, eval_batch_size=500, threads=1),
+    run = build_run(TrainConfig(algo="splitnn", parties=2, batch_size=2048, eval_batch_size=500, threads=1,
+                                device="cpu"),  # numpy allocations, measured on CPU
                     (data, partition_columns(d, 2)))
     run.algorithm.train_epoch(0)  # first calls import and cache what they need
     tracemalloc.start()
