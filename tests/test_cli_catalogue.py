@@ -680,6 +680,12 @@ CASES: list[Case] = [
     Case(("party", "--federation", "{tmp}/f.toml", "--name", "bank", "--out", "{tmp}/b", "--parties", "3"),
          "--parties 3, but federation 'demo' has 1 feature party; set --parties 1", setup=_write("f.toml", _FED_SIM),
          id="party-parties-differ-from-federation"),
+    # -- area: algorithms and protocol layers together (cases added below this line) --
+    Case((*_TRAIN, "--algo", "eg", "--parties", "5", "--compress", "randk:0.1"),
+         "randk:0.1 on the forward and backward messages has no error feedback, but eg sends the same full-batch "
+         "quantity every round", id="eg-randk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "gd", "--compress-forward", "topk:0.1"),
+         "topk:0.1 on the forward messages has no error feedback", id="gd-topk-without-error-feedback"),
 ]
 
 

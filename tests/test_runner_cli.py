@@ -350,7 +350,9 @@ def test_default_run_directories_never_collide(tmp_path):
     assert second != first and second.name.startswith(first.name[:len("splitnn-breast_cancer-")])
 
 
-@pytest.mark.parametrize("algo, flag", [("splitnn", "--lr"), ("vimadmm", "--vim-lr"), ("dlr", "--online-lr")])
+@pytest.mark.parametrize("algo, flag", [("splitnn", "--lr"), ("vimadmm", "--vim-lr"), ("dlr", "--online-lr"),
+                                        ("eg", "--saddle-step-mult"), ("gd", "--saddle-step-mult"),
+                                        ("nesterov", "--saddle-step-mult"), ("eg-mlp", "--lr")])
 def test_a_diverged_run_names_the_step_size_flag_its_algorithm_uses(algo: str, flag: str) -> None:
     from secvfl.runner import _diverged, build_run
 
@@ -359,3 +361,16 @@ def test_a_diverged_run_names_the_step_size_flag_its_algorithm_uses(algo: str, f
     assert name == flag and value > 0
     text = str(_diverged(run.algorithm.step_size(), None, 0, 3, float("nan")))
     assert f"({flag} {value:g})" in text and f"smaller {flag} (e.g. {value / 10:g})" in text
+
+
+def test_a_diverged_admm_run_blames_the_data_not_a_step_size(monkeypatch) -> None:
+    # ADMM converges for every penalty on the convex saddle problem: it has no step size to lower
+    from secvfl.errors import TrainingDiverged
+    from secvfl.runner import build_run
+
+    run = build_run(TrainConfig(algo="admm", dataset="wine", epochs=1, device="cpu"))
+    monkeypatch.setattr(type(run.algorithm.fed.label), "loss_value", lambda *a, **k: float("nan"))
+    with pytest.raises(TrainingDiverged) as err:
+        run.algorithm.train_epoch(0, lambda loss: None)
+    text = str(err.value)
+    assert "--lr" not in text and "--admm-rho 1" in text and "check the data" in text

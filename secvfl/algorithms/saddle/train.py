@@ -33,6 +33,7 @@ repeated on resume): the power iteration for ``lambda_max``, at most 100 rounds 
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -50,7 +51,7 @@ from secvfl.algorithms.saddle.federation import (
 )
 from secvfl.algorithms.saddle.flags import SaddleOptions
 from secvfl.algorithms.saddle.methods import build_method
-from secvfl.errors import UnsupportedError
+from secvfl.errors import TrainingDiverged, UnsupportedError
 from secvfl.handles import LocalHandle, PartyHandle
 from secvfl.metrics import classification_metrics
 from secvfl.transport.layers import AlgorithmTraits
@@ -118,6 +119,10 @@ class LinearSaddleTrainer(Algorithm):
 
     def batches_per_epoch(self) -> int:
         return self.iters
+
+    def step_size(self) -> tuple[str, float]:
+        """eg/gd/nesterov: the multiplier of their step sizes (the steps themselves come from lambda_max and mu)."""
+        return "--saddle-step-mult", self.options.saddle_step_mult or 1.0
 
     def train_epoch(self, epoch: int, progress: ProgressFn | None = None) -> dict[str, float]:
         losses = []
@@ -193,6 +198,20 @@ class ADMMTrainer(LinearSaddleTrainer):
     name = "admm"
     traits = _traits("admm", persistent=True)
     uses_lambda_max = False
+
+    def train_epoch(self, epoch: int, progress: ProgressFn | None = None) -> dict[str, float]:
+        # ADMM has no step size to blame: on this convex problem it converges for every penalty rho
+        def guarded(loss: float) -> None:
+            if not math.isfinite(loss):
+                rho = self.options.admm_rho or 1.0
+                raise TrainingDiverged(
+                    f"training stopped: the loss became {loss} at epoch {epoch + 1}. ADMM converges on this convex "
+                    f"problem for every penalty (--admm-rho {rho:g}), so the non-finite value comes from the data "
+                    "(inf or huge values) or from a message; check the data")
+            if progress is not None:
+                progress(loss)
+
+        return super().train_epoch(epoch, guarded)
 
 
 @ALGORITHMS.register("eg-mlp")
