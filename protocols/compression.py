@@ -555,6 +555,13 @@ class CompressionLayer(Layer):
             for spec in dict.fromkeys(memoryless.values()):
                 directions = " and ".join(d for d, s in memoryless.items() if s == spec)
                 problems.append(self._memoryless_sparsifier(traits, directions, spec))
+        elif traits.needs_error_feedback:
+            memoryless = [str(s) for s in dict.fromkeys((self.forward, self.backward))
+                          if s is not None and s.sparsifier is not None and s.feedback is None]
+            problems += [f"{spec} has no error feedback, which {traits.name} needs: {traits.needs_error_feedback}"
+                         for spec in memoryless]
+        if traits.exact_outputs and self.forward is not None and self.forward.sparsifier is not None:
+            problems.append(f"forward compression ({self.forward}): {traits.exact_outputs}")
         return problems
 
     @staticmethod

@@ -686,6 +686,15 @@ CASES: list[Case] = [
          "quantity every round", id="eg-randk-without-error-feedback"),
     Case((*_TRAIN, "--algo", "gd", "--compress-forward", "topk:0.1"),
          "topk:0.1 on the forward messages has no error feedback", id="gd-topk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "vimsgd", "--compress", "randk:0.1"),
+         "randk:0.1 has no error feedback, which vimsgd needs", id="vimsgd-randk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "vimadmm", "--compress", "topk:0.1"),
+         "topk:0.1 has no error feedback, which vimadmm needs", id="vimadmm-topk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "vimadmm-j", "--compress", "randk:0.1+ef"),
+         "forward compression (randk:0.1+ef): the label party solves each row's z-update from the sum of the "
+         "parties' logits", id="vimadmm-j-sparsified-logits"),
+    Case((*_TRAIN, "--algo", "eg-mlp", "--compress", "randk:0.1"),
+         "randk:0.1 has no error feedback, which eg-mlp needs", id="eg-mlp-randk-without-error-feedback"),
 ]
 
 

@@ -39,6 +39,10 @@ Bytes per round and party (float32, batch B): vimsgd ``B d_f 4`` up and down; vi
 Protocols (decided by traits and the parties' hooks; no protocol code here):
 
 * compression: both directions (forward: embeddings/logits; backward: gradients, or the ``dual``/``head`` messages).
+  A sparsifier (topk/randk) needs error feedback (``+ef``/``+vr``): each message is stepped on as sent (vimsgd: SGD at
+  a large step; the ADMM methods: tau local steps towards the dual and residual), and without memory randk:0.1 made
+  vimsgd diverge and the ADMM methods fall below the majority class on breast_cancer. vimadmm-j refuses a sparsifier
+  on its logits even with ``+ef`` (per-batch outputs keep no memory, and the z-update needs each row's sum).
 * ``--he ckks``, ``--secagg mask``: refused for vimsgd and vimadmm (the label party needs each ``h^k`` to step
   ``W_k``), accepted for vimadmm-j (the label party sees only the sum of the logits).
 * label DP: vimsgd takes every mechanism, as splitnn does (its messages are a split network's). vimadmm and

@@ -27,11 +27,27 @@ from secvfl.handles import FeatureHandle, LabelHandle
 from secvfl.models import make_bottom, output_dim
 from secvfl.transport.network import Network
 
-__all__ = ["VIMAlgorithm", "party_sgd", "label_sgd", "INDIVIDUAL_EMBEDDINGS"]
+__all__ = ["VIMAlgorithm", "party_sgd", "label_sgd", "INDIVIDUAL_EMBEDDINGS", "SGD_NEEDS_FEEDBACK",
+           "ADMM_NEEDS_FEEDBACK", "ADMM_EXACT_LOGITS"]
 
 # AlgorithmTraits.individual_outputs of vimsgd and vimadmm (why CKKS and masking refuse them)
 INDIVIDUAL_EMBEDDINGS = ("the label party needs each party's embedding h^k to step that party's head W_k; use "
                          "--algo vimadmm-j, whose label party needs only the sum of the parties' logits")
+
+# AlgorithmTraits.needs_error_feedback / exact_outputs (why compression without error feedback, or of the outputs,
+# is refused); the figures are `secvfl train --dataset breast_cancer --compress SPEC` with the defaults
+SGD_NEEDS_FEEDBACK = ("every party and the label party step with SGD at --vim-lr (0.3) on each gradient as it arrives, "
+                      "and without memory a sparsified gradient's error (for rand-k n/k - 1 times its size) makes the "
+                      "steps diverge (randk:0.1: non-finite gradients in the first epoch); add +ef (randk:0.1+ef: "
+                      "0.93 test accuracy) or use a codec (quant:8, fp16)")
+ADMM_NEEDS_FEEDBACK = ("the parties take --vim-local-steps steps towards each round's dual and residual, so a "
+                       "sparsified dual or residual without memory is a wrong target every round (randk:0.1: 0.47 "
+                       "test accuracy, below the majority class); add +ef (randk:0.1+ef) or use a codec (quant:8, "
+                       "fp16)")
+ADMM_EXACT_LOGITS = ("the label party solves each row's z-update from the sum of the parties' logits, and a per-batch "
+                     "output keeps no error-feedback memory, so a sparsified logit row is a wrong sum (binary tasks: "
+                     "top-k keeps one row in ten; breast_cancer, topk:0.1+ef: 0.62 test accuracy); compress the "
+                     "backward direction only (--compress-backward randk:0.1+ef: 0.99) or use a codec (quant:8, fp16)")
 
 
 def party_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer:  # noqa: ANN001 - parameters

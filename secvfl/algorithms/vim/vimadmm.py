@@ -19,7 +19,13 @@ from torch import nn
 
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import LABEL_PARTY
-from secvfl.algorithms.vim.base import INDIVIDUAL_EMBEDDINGS, VIMAlgorithm, label_sgd, party_sgd
+from secvfl.algorithms.vim.base import (
+    ADMM_NEEDS_FEEDBACK,
+    INDIVIDUAL_EMBEDDINGS,
+    VIMAlgorithm,
+    label_sgd,
+    party_sgd,
+)
 from secvfl.algorithms.vim.handles import ADMMFeatureHandle, ADMMLabelHandle
 from secvfl.algorithms.vim.model import PartyHeads
 from secvfl.algorithms.vim.parties import DUAL_KIND, HEAD_KIND, ADMMFeatureParty, ADMMLabelParty
@@ -34,7 +40,7 @@ class VIMADMM(VIMAlgorithm):
     name = "vimadmm"
     # gradient_based=False: it sends duals and residuals, no gradients, so the gradient DP mechanism has nothing to do
     traits = AlgorithmTraits("vimadmm", "concat", backward_kinds=(DUAL_KIND, HEAD_KIND), gradient_based=False,
-                             individual_outputs=INDIVIDUAL_EMBEDDINGS)
+                             individual_outputs=INDIVIDUAL_EMBEDDINGS, needs_error_feedback=ADMM_NEEDS_FEEDBACK)
 
     def make_party(self, name: str, bottom: nn.Module, blocks: dict[str, np.ndarray],
                    observed: dict[str, np.ndarray]) -> FeatureHandle:

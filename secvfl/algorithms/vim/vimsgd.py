@@ -13,7 +13,13 @@ from torch import nn
 
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import LABEL_PARTY
-from secvfl.algorithms.vim.base import INDIVIDUAL_EMBEDDINGS, VIMAlgorithm, label_sgd, party_sgd
+from secvfl.algorithms.vim.base import (
+    INDIVIDUAL_EMBEDDINGS,
+    SGD_NEEDS_FEEDBACK,
+    VIMAlgorithm,
+    label_sgd,
+    party_sgd,
+)
 from secvfl.algorithms.vim.handles import HeadsLabelHandle
 from secvfl.algorithms.vim.model import PartyHeads
 from secvfl.algorithms.vim.noise import NoisyFeatureHandle, NoisyFeatureParty
@@ -27,7 +33,8 @@ __all__ = ["VIMSGD"]
 @ALGORITHMS.register("vimsgd")
 class VIMSGD(VIMAlgorithm):
     name = "vimsgd"
-    traits = AlgorithmTraits("vimsgd", "concat", individual_outputs=INDIVIDUAL_EMBEDDINGS)
+    traits = AlgorithmTraits("vimsgd", "concat", individual_outputs=INDIVIDUAL_EMBEDDINGS,
+                             needs_error_feedback=SGD_NEEDS_FEEDBACK)
 
     def make_party(self, name: str, bottom: nn.Module, blocks: dict[str, np.ndarray],
                    observed: dict[str, np.ndarray]) -> FeatureHandle:
