@@ -695,6 +695,9 @@ CASES: list[Case] = [
          "parties' logits", id="vimadmm-j-sparsified-logits"),
     Case((*_TRAIN, "--algo", "eg-mlp", "--compress", "randk:0.1"),
          "randk:0.1 has no error feedback, which eg-mlp needs", id="eg-mlp-randk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "fdml", "--compress", "topk:0.1+ef"),
+         "forward compression (topk:0.1+ef): each party's output is its share of every row's logits",
+         id="fdml-sparsified-logits"),
 ]
 
 
