@@ -23,8 +23,8 @@ LR, BETA, MOMENTUM, STEPS = 0.05, 0.005, 0.9, 3
 
 
 def _config(algo: str, **kw) -> TrainConfig:
-    # the step size is given: the reference below computes with LR, whatever the algorithm's default
-    options = {"vim_lr": LR, **({"vim_local_steps": STEPS} if algo != "vimsgd" else {})}
+    # the step size and weight decay are given: the reference below computes with LR and BETA, whatever the defaults
+    options = {"vim_lr": LR, "vim_beta": BETA, **({"vim_local_steps": STEPS} if algo != "vimsgd" else {})}
     options.update(kw.pop("options", {}))
     base = dict(algo=algo, dataset="wine", parties=2, epochs=1, batch_size=1000, val_fraction=0.2, seed=1,
                 dtype="float64", device="cpu", options=options)

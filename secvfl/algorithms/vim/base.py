@@ -50,14 +50,14 @@ ADMM_EXACT_LOGITS = ("the label party solves each row's z-update from the sum of
                      "backward direction only (--compress-backward randk:0.1+ef: 0.99) or use a codec (quant:8, fp16)")
 
 
-def party_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer:  # noqa: ANN001 - parameters
+def party_sgd(params, options: VIMOptions, lr: float, beta: float) -> torch.optim.Optimizer:  # noqa: ANN001
     """The parties' optimiser: SGD with momentum and weight decay beta (the paper's setting)."""
-    return torch.optim.SGD(params, lr=lr, momentum=options.vim_momentum, weight_decay=options.vim_beta)
+    return torch.optim.SGD(params, lr=lr, momentum=options.vim_momentum, weight_decay=beta)
 
 
-def label_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer:  # noqa: ANN001 - parameters
+def label_sgd(params, options: VIMOptions, lr: float, beta: float) -> torch.optim.Optimizer:  # noqa: ANN001
     """The label party's optimiser: plain SGD with weight decay beta."""
-    return torch.optim.SGD(params, lr=lr, weight_decay=options.vim_beta)
+    return torch.optim.SGD(params, lr=lr, weight_decay=beta)
 
 
 def _refuse_core_optimiser_flags(cfg: TrainConfig, algo: str) -> None:
@@ -82,6 +82,7 @@ class VIMAlgorithm(FeatureLabelAlgorithm):
         _refuse_core_optimiser_flags(cfg, self.name)
         self.options = cfg.options_for(VIMOptions)
         self.lr = self.options.lr_for(self.name)
+        self.beta = self.options.beta_for(self.name)
         self.d_f, self.d_c = cfg.embedding_dim, output_dim(data.n_classes)
         self.feature_handles: list[FeatureHandle] = []
         for k, name in enumerate(feature_party_names(part.n_blocks)):

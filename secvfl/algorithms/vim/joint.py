@@ -41,8 +41,8 @@ class VIMADMMJoint(VIMAlgorithm):
                    observed: dict[str, np.ndarray]) -> FeatureHandle:
         ctx, o = self.ctx, self.options
         model = local_model(bottom, self.d_f, self.d_c)
-        party = ADMMFeatureParty(name, blocks, model, party_sgd(model[BOTTOM].parameters(), o, self.lr),
-                                 head_optimizer=party_sgd(model[HEAD].parameters(), o, self.lr),
+        party = ADMMFeatureParty(name, blocks, model, party_sgd(model[BOTTOM].parameters(), o, self.lr, self.beta),
+                                 head_optimizer=party_sgd(model[HEAD].parameters(), o, self.lr, self.beta),
                                  rho=o.rho_for(self.name), local_steps=o.vim_local_steps,
                                  prox=o.prox_for(self.name, self.ctx.partition.n_blocks), joint=True, algo=self.name,
                                  device=ctx.device, dtype=ctx.dtype, observed=observed)

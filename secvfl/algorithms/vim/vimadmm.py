@@ -45,7 +45,7 @@ class VIMADMM(VIMAlgorithm):
     def make_party(self, name: str, bottom: nn.Module, blocks: dict[str, np.ndarray],
                    observed: dict[str, np.ndarray]) -> FeatureHandle:
         ctx, o = self.ctx, self.options
-        party = ADMMFeatureParty(name, blocks, bottom, party_sgd(bottom.parameters(), o, self.lr),
+        party = ADMMFeatureParty(name, blocks, bottom, party_sgd(bottom.parameters(), o, self.lr, self.beta),
                                  rho=o.rho_for(self.name), local_steps=o.vim_local_steps,
                                  prox=o.prox_for(self.name, self.ctx.partition.n_blocks), joint=False, algo=self.name,
                                  device=ctx.device, dtype=ctx.dtype, observed=observed)
@@ -54,7 +54,7 @@ class VIMADMM(VIMAlgorithm):
     def make_label(self, labels: dict[str, np.ndarray], n_classes: int) -> LabelHandle:
         o = self.options
         heads = PartyHeads(self.ctx.partition.n_blocks, self.d_f, self.d_c)
-        party = ADMMLabelParty(LABEL_PARTY, labels, heads, label_sgd(heads.parameters(), o, self.lr), n_classes,
+        party = ADMMLabelParty(LABEL_PARTY, labels, heads, label_sgd(heads.parameters(), o, self.lr, self.beta), n_classes,
                                outputs=self.d_c, rho=o.rho_for(self.name), tol=o.vim_z_tol, algo=self.name,
                                device=self.ctx.device, dtype=self.ctx.dtype, residual=o.vim_residual)
         return ADMMLabelHandle(party, self.net)

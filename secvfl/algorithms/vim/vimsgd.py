@@ -39,13 +39,13 @@ class VIMSGD(VIMAlgorithm):
     def make_party(self, name: str, bottom: nn.Module, blocks: dict[str, np.ndarray],
                    observed: dict[str, np.ndarray]) -> FeatureHandle:
         ctx = self.ctx
-        party = NoisyFeatureParty(name, blocks, bottom, party_sgd(bottom.parameters(), self.options, self.lr),
+        party = NoisyFeatureParty(name, blocks, bottom, party_sgd(bottom.parameters(), self.options, self.lr, self.beta),
                                   device=ctx.device, dtype=ctx.dtype, observed=observed)
         return NoisyFeatureHandle(party, self.net)
 
     def make_label(self, labels: dict[str, np.ndarray], n_classes: int) -> LabelHandle:
         heads = PartyHeads(self.ctx.partition.n_blocks, self.d_f, self.d_c)
-        party = LabelParty(LABEL_PARTY, labels, heads, label_sgd(heads.parameters(), self.options, self.lr),
+        party = LabelParty(LABEL_PARTY, labels, heads, label_sgd(heads.parameters(), self.options, self.lr, self.beta),
                            n_classes, device=self.ctx.device, dtype=self.ctx.dtype)
         return HeadsLabelHandle(party, self.net)
 
