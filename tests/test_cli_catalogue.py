@@ -698,6 +698,10 @@ CASES: list[Case] = [
     Case((*_TRAIN, "--algo", "fdml", "--compress", "topk:0.1+ef"),
          "forward compression (topk:0.1+ef): each party's output is its share of every row's logits",
          id="fdml-sparsified-logits"),
+    Case(("bench", "vim-defaults", "--cases", "mnist"), "case 'mnist': write DATASET:PARTIES, e.g. mnist:7",
+         id="bench-vim-defaults-case-without-parties"),
+    Case(("bench", "vim-defaults", "--cases", "wine:2", "--options", "{lr: 1}"), "--options is not JSON",
+         id="bench-vim-defaults-options-not-json"),
 ]
 
 

@@ -72,3 +72,25 @@ def test_the_admm_methods_stay_stable_far_above_their_default_step_size(algo: st
     # digits, 4 strips: vimadmm-j at 10x its default step size blew up after 65 rounds, vimadmm at 30x after 19
     # (non-finite outputs), before blown-up local steps were undone and the label party's head step backtracked
     _check(Case("digits", 4), algo, None, batches=23, epochs=4, options={"vim_lr": step})
+
+
+def test_the_bench_writes_its_table_and_finds_the_first_epoch_at_the_target(tmp_path) -> None:
+    import json
+
+    from secvfl.cli.main import main
+
+    code = main(["bench", "vim-defaults", "--cases", "wine:2", "--methods", "vafl", "vimadmm", "--epochs", "2",
+                 "--out-dir", str(tmp_path)])
+    assert code == 0
+    result = json.loads((tmp_path / "defaults.json").read_text())
+    runs = {r["algo"]: r for r in result["runs"]}
+    best = {a: max(p["test_accuracy"] for p in r["curve"]) for a, r in runs.items()}
+    (row,) = result["summary"]
+    assert row["target"] == pytest.approx(min(best.values()))
+    for algo, r in runs.items():  # the first epoch at or above the target, and its cumulative training MB
+        first = next(p for p in r["curve"] if p["test_accuracy"] >= row["target"] - 1e-12)
+        assert row["methods"][algo]["to_target"] == {"epoch": first["epoch"], "mb": first["train_mb"]}
+        assert r["curve"][1]["train_mb"] == pytest.approx(2 * r["curve"][0]["train_mb"], rel=0.01)  # same bytes/epoch
+    ratio = row["methods"]["vafl"]["to_target"]["mb"] / row["methods"]["vimadmm"]["to_target"]["mb"]
+    assert row["vafl_over_vimadmm_mb"] == pytest.approx(ratio, abs=1e-3)
+    assert "| wine:2 |" in (tmp_path / "defaults.md").read_text()

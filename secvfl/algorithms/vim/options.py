@@ -40,6 +40,14 @@ def _positive(v: float) -> bool:
 @dataclass(frozen=True)
 class VIMOptions(Options):
     title = "VIM family (vimsgd, vimadmm, vimadmm-j)"
+    description = (
+        "When VIM pays off: a vimadmm round sends B (d_f + 2 d_c) + d_f d_c floats per party against vafl's 2 B d_f "
+        "(B --batch-size, d_f --embedding-dim, d_c 1 for a binary task, else the classes), more than vafl with many "
+        "classes and a small d_f (MNIST, d_f 16: 1.2x a round with its heads), so it pays off only by needing fewer rounds. At the "
+        "defaults (secvfl bench vim-defaults, 5 epochs) vimadmm reached vafl's accuracy with 4.1x fewer bytes on "
+        "MNIST in 7 strips and on digits, 1.65x fewer on credit, and the same bytes on a9a. vimadmm-j sends 3 B d_c "
+        "(binary: about a tenth of vafl's) but stayed below vafl on MNIST (0.943 against 0.970). BENCHMARKS.md, "
+        "\"VIM at the command line's defaults\", has the table.")
 
     vim_lr: float | None = option(
         None, "vim*: step size eta of the label party's SGD and of the parties' SGD with momentum (default: vimsgd "
