@@ -8,10 +8,10 @@ refused before training with one clear line (a ``ConfigError``), and a pair they
 accuracy must clear the majority-class rate of the test split by a margin, a quarter of the way to 1.
 
 Data: breast_cancer (bundled with scikit-learn; 569 rows, binary, majority 0.63, bar 0.72), 4 parties, every other
-setting the algorithm's default except the epochs (``EPOCHS``, 6). Label differential privacy runs at epsilon 8 and feature DP
-at 1000: the point is that the layer and the algorithm work together, not the utility at a small budget (the privacy
-sweep measures that).
-The matrix (about 190 runs, a minute of CPU) is marked slow; the coverage check is not.
+setting the algorithm's default except the epochs (``EPOCHS``, 6; one epoch of 100 iterations for the full-batch
+saddle methods). Label differential privacy runs at epsilon 8 and feature DP at 1000: the point is that the layer and
+the algorithm work together, not the utility at a small budget (the privacy sweep measures that). The matrix (189
+pairs, about a minute of CPU) is marked slow; the coverage check is not.
 """
 
 from __future__ import annotations
