@@ -847,6 +847,28 @@ CASES: list[Case] = [
          "b.csv: column name 'id' appears twice", setup=_all(_write("f.toml", _FEDERATION),
                                                            _write("b.csv", "id,id,y\n1,1,0\n2,2,1\n")),
          id="party-data-file-duplicate-column-names"),
+    # -- area: algorithms and protocol layers together (cases added below this line) --
+    Case((*_TRAIN, "--algo", "eg", "--parties", "5", "--compress", "randk:0.1"),
+         "randk:0.1 on the forward and backward messages has no error feedback, but eg sends the same full-batch "
+         "quantity every round", id="eg-randk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "gd", "--compress-forward", "topk:0.1"),
+         "topk:0.1 on the forward messages has no error feedback", id="gd-topk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "vimsgd", "--compress", "randk:0.1"),
+         "randk:0.1 has no error feedback, which vimsgd needs", id="vimsgd-randk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "vimadmm", "--compress", "topk:0.1"),
+         "topk:0.1 has no error feedback, which vimadmm needs", id="vimadmm-topk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "vimadmm-j", "--compress", "randk:0.1+ef"),
+         "forward compression (randk:0.1+ef): the label party solves each row's z-update from the sum of the "
+         "parties' logits", id="vimadmm-j-sparsified-logits"),
+    Case((*_TRAIN, "--algo", "eg-mlp", "--compress", "randk:0.1"),
+         "randk:0.1 has no error feedback, which eg-mlp needs", id="eg-mlp-randk-without-error-feedback"),
+    Case((*_TRAIN, "--algo", "fdml", "--compress", "topk:0.1+ef"),
+         "forward compression (topk:0.1+ef): each party's output is its share of every row's logits",
+         id="fdml-sparsified-logits"),
+    Case(("bench", "vim-defaults", "--cases", "mnist"), "case 'mnist': write DATASET:PARTIES, e.g. mnist:7",
+         id="bench-vim-defaults-case-without-parties"),
+    Case(("bench", "vim-defaults", "--cases", "wine:2", "--options", "{lr: 1}"), "--options is not JSON",
+         id="bench-vim-defaults-options-not-json"),
 ]
 
 

@@ -126,7 +126,8 @@ def test_a_split_training_step_reads_only_the_bytes_it_sends_and_its_loss(algo: 
 
 def test_a_vimadmm_round_on_the_device_path_reads_no_local_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """VIMADMM with the device decisions (the GPU's path, here on the CPU): the tau local steps read nothing, the
-    z-update reads one vector of checks and one number per Newton step, the round its loss once."""
+    z-update reads one vector of checks and one number per Newton step, the head step whether it descended, the round
+    its loss once."""
     run = build_run(TrainConfig(algo="vimadmm", dataset="wine", parties=2, batch_size=32, epochs=1, val_fraction=0,
                                 hidden=(8,), embedding_dim=4, device="cpu", options={"vim_local_steps": 5}))
     for party in run.algorithm.feature_parties:
@@ -141,13 +142,15 @@ def test_a_vimadmm_round_on_the_device_path_reads_no_local_step(monkeypatch: pyt
     assert sites.pop("secvfl.messages:_tensor_bytes") == sent_tensors + rounds * 2  # + the parties' embeddings
     assert sites.pop("secvfl.algorithms.vim.handles:ADMMLabelHandle.admm_step") == rounds
     assert sites.pop("secvfl.algorithms.vim.zsolve:solve_z") == rounds * 2 + label.newton_steps
+    assert sites.pop("secvfl.algorithms.vim.parties:ADMMLabelParty._head_step") == rounds  # did the step descend?
     assert sites == {}
 
 
 # -- the device decisions give the host path's numbers -----------------------------------------------------------
-def _blow_up_run(steps_cls: type, value_of) -> tuple[torch.Tensor, int, float, float]:  # noqa: ANN001
-    """20 safeguarded steps on f(p) = a/2 p^2 with lr a = 5 (plain momentum blows up; see test_vim_algorithms)."""
-    a, lr = 2.0, 2.5
+def _blow_up_run(steps_cls: type, value_of, lr: float) -> tuple[torch.Tensor, int, int, float, float]:  # noqa: ANN001
+    """20 safeguarded steps on f(p) = a/2 p^2: at lr 2.5 (lr a = 5) plain momentum blows up and the safeguard restarts
+    and halves; at lr 25 every blown-up step is undone too (see test_vim_algorithms)."""
+    a = 2.0
     p = torch.nn.Parameter(torch.tensor([1.0, -0.5], dtype=torch.float64))
     opt = torch.optim.SGD([p], lr=lr, momentum=0.9, weight_decay=0.01)
     steps = steps_cls(opt)
@@ -157,15 +160,44 @@ def _blow_up_run(steps_cls: type, value_of) -> tuple[torch.Tensor, int, float, f
         value.backward()
         steps.step(value_of(value.detach()))
     steps.restore()
-    return p.detach().clone(), steps.restarts, opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"]
+    return p.detach().clone(), steps.restarts, steps.rejected, opt.param_groups[0]["lr"], \
+        opt.param_groups[0]["weight_decay"]
 
 
-def test_the_local_steps_decided_on_the_device_move_the_parameters_as_the_host_decisions() -> None:
-    host = _blow_up_run(_LocalSteps, float)
-    device = _blow_up_run(_DeviceLocalSteps, lambda v: v)
+@pytest.mark.parametrize("lr", [2.5, 25.0])
+def test_the_local_steps_decided_on_the_device_move_the_parameters_as_the_host_decisions(lr: float) -> None:
+    host = _blow_up_run(_LocalSteps, float, lr)
+    device = _blow_up_run(_DeviceLocalSteps, lambda v: v, lr)
     assert host[1] >= 2  # the safeguard acted (restarts, and a halving: the blow-up needs it)
+    assert lr < 10 or host[2] >= 1  # at lr 25 steps were undone
     assert torch.equal(host[0], device[0])  # bit for bit: the step factor is a power of two
-    assert device[1:] == host[1:] and host[2:] == (2.5, 0.01)  # same restarts; step size and decay restored
+    assert device[1:] == host[1:] and host[3:] == (lr, 0.01)  # same restarts and undos; step size, decay restored
+
+
+def test_the_joint_local_steps_with_a_head_optimiser_move_as_the_host_decisions() -> None:
+    """VIMADMM-J's round: the party's own head steps first (through step_other), then the bottom model; a blow-up
+    undoes both and halves both step sizes. The device decisions give the host's parameters bit for bit."""
+    def run(steps_cls: type, value_of) -> list[torch.Tensor]:  # noqa: ANN001
+        bottom = torch.nn.Parameter(torch.tensor([1.0, -0.5], dtype=torch.float64))
+        head = torch.nn.Parameter(torch.tensor([0.8], dtype=torch.float64))
+        opt_bottom = torch.optim.SGD([bottom], lr=6.0, momentum=0.9, weight_decay=0.01)
+        opt_head = torch.optim.SGD([head], lr=6.0, momentum=0.9, weight_decay=0.01)
+        steps = steps_cls(opt_bottom, opt_head)
+        for _ in range(20):
+            opt_head.zero_grad()
+            (((bottom.detach() * head) ** 2).sum() / 2 + (head - 1) ** 2).sum().backward()
+            steps.step_other(opt_head)
+            opt_bottom.zero_grad()
+            value = (((bottom * head.detach()) ** 2).sum() / 2 + (head.detach() - 1) ** 2).sum()
+            value.backward()
+            steps.step(value_of(value.detach()))
+        steps.restore()
+        assert steps.rejected >= 1  # the test has power: a step was undone
+        return [bottom.detach().clone(), head.detach().clone(), torch.tensor(opt_head.param_groups[0]["lr"])]
+
+    host, device = run(_LocalSteps, float), run(_DeviceLocalSteps, lambda v: v)
+    for a, b in zip(host, device, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_a_vim_party_round_is_the_same_on_the_device_path() -> None:

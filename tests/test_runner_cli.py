@@ -355,7 +355,9 @@ def test_default_run_directories_never_collide(tmp_path):
     assert second != first and second.name.startswith(first.name[:len("splitnn-breast_cancer-")])
 
 
-@pytest.mark.parametrize("algo, flag", [("splitnn", "--lr"), ("vimadmm", "--vim-lr"), ("dlr", "--online-lr")])
+@pytest.mark.parametrize("algo, flag", [("splitnn", "--lr"), ("vimadmm", "--vim-lr"), ("dlr", "--online-lr"),
+                                        ("eg", "--saddle-step-mult"), ("gd", "--saddle-step-mult"),
+                                        ("nesterov", "--saddle-step-mult"), ("eg-mlp", "--lr")])
 def test_a_diverged_run_names_the_step_size_flag_its_algorithm_uses(algo: str, flag: str) -> None:
     from secvfl.runner import _diverged, build_run
 

@@ -45,7 +45,7 @@ import torch
 
 from protocols.dp.alibi import alibi_soft_labels
 from protocols.dp.choice import choose_mechanism
-from protocols.dp.collapse import chance_accuracy, utility_collapse
+from protocols.dp.collapse import chance_accuracy, chance_f1, utility_collapse
 from protocols.dp.config import LABEL_RELEASE_MECHANISMS, DPConfig, DPPlan, plan_dp
 from protocols.dp.feature_dp import FeatureDP
 from protocols.dp.label_dp import LabelDPRule
@@ -462,11 +462,12 @@ class DPPlugin(ProtocolPlugin):
                 s["train_loss"] = f"kept by the label party ({PARTY_DIRS}/{layer.topology.label_party}/{keeper.FILE})"
             return {"privacy": s}
 
-        chance = chance_accuracy(ctx.data.y_test)
+        chance, majority_f1 = chance_accuracy(ctx.data.y_test), chance_f1(ctx.data.y_test)
         warnings: list[str] = []
 
         def check_utility(run_summary: dict[str, Any]) -> None:
-            warning = utility_collapse(run_summary.get("metrics", {}).get("test", {}), chance, plan, n_classes)
+            warning = utility_collapse(run_summary.get("metrics", {}).get("test", {}), chance, plan, n_classes,
+                                       majority_f1=majority_f1)
             if warning:
                 warnings.append(warning)
                 run_summary.setdefault("privacy", {})["utility_warning"] = warning

@@ -88,7 +88,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=d.threads,
                    help="torch intra-op threads (1 is fastest for small models on a shared machine)")
     for group in option_groups():  # the algorithm families' options, then the protocol plugins', from their types
-        add_option_arguments(p.add_argument_group(group.title), group.options_type)
+        section = p.add_argument_group(group.title, group.options_type.description or None)
+        add_option_arguments(section, group.options_type)
     missing = unavailable_plugins()
     if missing:  # their flags are unknown here; say why rather than leave "unrecognized arguments" unexplained
         p.epilog = "protocol plugins that could not be loaded: " + "; ".join(

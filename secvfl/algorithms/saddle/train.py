@@ -59,9 +59,16 @@ from secvfl.transport.network import Network
 __all__ = ["LinearSaddleTrainer", "EGTrainer", "GDTrainer", "NesterovTrainer", "ADMMTrainer", "SaddleMLPTrainer"]
 
 
-def _traits(name: str, *, persistent: bool = False) -> AlgorithmTraits:
+def _traits(name: str, *, persistent: bool = False, needs_error_feedback: str = "") -> AlgorithmTraits:
     return AlgorithmTraits(name, "sum", forward_kinds=(FORWARD_KIND,), backward_kinds=(BACKWARD_KIND,),
-                           persistent_messages=persistent)
+                           persistent_messages=persistent, needs_error_feedback=needs_error_feedback)
+
+
+# eg-mlp's AlgorithmTraits.needs_error_feedback (`secvfl train --dataset breast_cancer --compress randk:0.1`)
+_MLP_NEEDS_FEEDBACK = ("stochastic ExtraGradient steps on each per-sample output and dual as sent, and a sparsified "
+                       "copy without memory (rand-k: n/k - 1 times its size in error) leaves it below the majority "
+                       "class (randk:0.1: 0.55 test accuracy); its messages name no rows, so error feedback cannot "
+                       "apply either: use a codec (quant:8, fp16)")
 
 
 def _require_complete(ctx: RunContext, name: str) -> None:
@@ -224,7 +231,7 @@ class SaddleMLPTrainer(Algorithm):
     """Stochastic ExtraGradient with MLP bottom models and per-sample z, lambda (non-convex extension)."""
 
     name = "eg-mlp"
-    traits = _traits("eg-mlp")
+    traits = _traits("eg-mlp", needs_error_feedback=_MLP_NEEDS_FEEDBACK)
     options_type = SaddleOptions
     unused_settings = {
         "embedding_dim": "each party's MLP outputs its share of the logits, one value per class",

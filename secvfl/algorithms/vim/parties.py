@@ -38,6 +38,7 @@ __all__ = ["ADMMFeatureParty", "ADMMLabelParty", "DUAL_KIND", "HEAD_KIND", "RESI
 DUAL_KIND = register_kind("dual")  # label party -> party k: lambda_B and the residual s^k_B (VIMADMM-J: z - sum o)
 HEAD_KIND = register_kind("head")  # label party -> party k (VIMADMM): its linear head W_k
 RESIDUALS = ("new-heads", "round-start")  # VIMADMM's residual s^k: see ADMMLabelParty
+HEAD_HALVINGS = 20  # the most times VIMADMM's head step is halved in one round (ADMMLabelParty._head_step)
 
 _NO_FEATURE_DP = (
     "feature DP accounts one clipped, noised gradient per row and epoch through the party's release rule, but a "
@@ -64,59 +65,103 @@ def admm_objective(out: torch.Tensor, lam: torch.Tensor, residual: torch.Tensor,
 
 
 class _LocalSteps:
-    """The parties' local SGD-with-momentum steps, safeguarded by adaptive restart (O'Donoghue and Candes, 2015):
-    when the local objective rises from one step to the next, the momentum is reset and the step size halved for the
-    rest of the round (restored after it). On a round whose objective only falls it is plain SGD with momentum, the
-    paper's local solver; it stops the tau steps from blowing up a party's parameters when the step size is too large
-    for the curvature of its objective (rho ||W_k||^2 times that of its bottom model)."""
+    """The parties' local SGD-with-momentum steps, safeguarded by adaptive restart (O'Donoghue and Candes, 2015) and
+    step rejection: when the local objective rises from one step to the next, the momentum is reset; when it blows up
+    (rises by more than its own size), the step that caused it is undone -- every parameter goes back to where it was
+    before that step -- and the step size is halved for the rest of the round (restored after it). On a round whose
+    objective only falls it is plain SGD with momentum, the paper's local solver. Undoing the step matters: the step
+    size a party can take is set by the curvature of its objective (rho ||W_k||^2 times that of its bottom model,
+    rho ||h^k||^2 for its own head), which the data set, not the defaults, decides; a blown-up step kept would leave
+    the party's outputs in a region where the next rounds diverge (VIMADMM-J on digits at 10x the default step size:
+    non-finite outputs after 65 rounds). ``optimizers``: every optimiser that steps in the round (the bottom model's;
+    VIMADMM-J's own head's too, whose step comes first)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
-        self.lrs = [g["lr"] for g in optimizer.param_groups]
+    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
+        self.optimizers = optimizers
+        self.lrs = [[g["lr"] for g in o.param_groups] for o in optimizers]
+        self.params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
         self.previous = math.inf
+        self.saved: list[torch.Tensor] | None = None  # the parameters where ``previous`` was measured
         self.restarts = 0
+        self.rejected = 0
 
     def step(self, value: float) -> None:
-        if value > self.previous:
+        """``value``: the objective at the current parameters (the bottom model's gradients computed there); steps
+        the bottom model's optimiser, or, when ``value`` blew up, puts every parameter back where the last accepted
+        ``value`` was measured (undoing the steps since: the bottom model's, and VIMADMM-J's head step before it)."""
+        if not math.isfinite(value) or value > self.previous:
             self.restarts += 1
-            blow_up = value - self.previous > abs(self.previous)  # not momentum's ripple: the step is too large
-            for group in self.optimizer.param_groups:
-                if blow_up:
-                    group["lr"] *= 0.5
-                for p in group["params"]:
-                    buffer = self.optimizer.state.get(p, {}).get("momentum_buffer")
-                    if buffer is not None:
-                        buffer.zero_()
+            for o in self.optimizers:
+                for group in o.param_groups:
+                    for p in group["params"]:
+                        buffer = o.state.get(p, {}).get("momentum_buffer")
+                        if buffer is not None:
+                            buffer.zero_()
+            blow_up = not math.isfinite(value) or value - self.previous > abs(self.previous)
+            if blow_up and self.saved is not None:  # undo it
+                self.rejected += 1
+                with torch.no_grad():
+                    for p, before in zip(self.params, self.saved, strict=True):
+                        p.copy_(before)
+                for o in self.optimizers:
+                    for group in o.param_groups:
+                        group["lr"] *= 0.5
+                return  # back at the point whose objective was self.previous
         self.previous = value
-        self.optimizer.step()
+        self.saved = [p.detach().clone() for p in self.params]
+        self.optimizers[0].step()
+
+    def step_other(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step one of the other optimisers of the round (VIMADMM-J's own head, before the bottom model's step)."""
+        optimizer.step()
 
     def restore(self) -> None:
-        for group, lr in zip(self.optimizer.param_groups, self.lrs, strict=True):
-            group["lr"] = lr
+        for o, lrs in zip(self.optimizers, self.lrs, strict=True):
+            for group, lr in zip(o.param_groups, lrs, strict=True):
+                group["lr"] = lr
 
 
 class _DeviceLocalSteps:
     """:class:`_LocalSteps` decided on the parties' device: the objective is never read on the host, so on a GPU the
     tau steps queue without a wait between them (:mod:`secvfl.device`).
 
-    The momentum reset multiplies the buffers by 0 or 1; the halved step size is carried as a factor on the
-    gradients instead of the learning rate (the weight decay is added to the gradient first, as torch's SGD does,
-    and taken out of the optimiser for the round). The factor is a power of two and the reset zeroes the buffer
-    whenever it changes, so the parameters move exactly as with :class:`_LocalSteps` (one reads the other's steps
-    bit for bit on the CPU: ``tests/test_vim_algorithms.py``)."""
+    The momentum reset multiplies the buffers by 0 or 1; undoing a blown-up step copies the saved parameters back
+    where a 0/1 mask says so; the halved step size is carried as a factor on the gradients instead of the learning
+    rate (the weight decay is added to the gradient first, as torch's SGD does, and taken out of the optimisers for
+    the round), and a rejected step is a step with factor 0 on buffers just reset. The factor is a power of two and
+    the reset zeroes the buffers whenever it changes, so the parameters move exactly as with :class:`_LocalSteps`
+    (one reads the other's steps bit for bit on the CPU: ``tests/test_device.py``)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
-        self.decays = [g["weight_decay"] for g in optimizer.param_groups]
-        for group in optimizer.param_groups:
-            group["weight_decay"] = 0.0
+    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
+        self.optimizers = optimizers
+        self.decays = [[g["weight_decay"] for g in o.param_groups] for o in optimizers]
+        for o in optimizers:
+            for group in o.param_groups:
+                group["weight_decay"] = 0.0
+        self.params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
         self.previous: torch.Tensor | None = None
         self.scale: torch.Tensor | None = None
+        self.saved: list[torch.Tensor] | None = None
         self._restarts: torch.Tensor | None = None
+        self._rejected: torch.Tensor | None = None
 
     @property
     def restarts(self) -> int:
         return 0 if self._restarts is None else int(self._restarts)  # (read on the host: a wait, outside the steps)
+
+    @property
+    def rejected(self) -> int:
+        return 0 if self._rejected is None else int(self._rejected)
+
+    def _scale_gradients(self, index: int, factor: torch.Tensor) -> None:
+        o = self.optimizers[index]
+        for group, decay in zip(o.param_groups, self.decays[index], strict=True):
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if decay:
+                    p.grad.add_(p.detach(), alpha=decay)
+                p.grad.mul_(factor)
 
     def step(self, value: torch.Tensor) -> None:
         value = value.detach()
@@ -124,27 +169,44 @@ class _DeviceLocalSteps:
             self.previous = torch.full_like(value, math.inf)
             self.scale = torch.ones_like(value)
             self._restarts = torch.zeros((), dtype=torch.int64, device=value.device)
-        rising = value > self.previous
-        blow_up = rising & (value - self.previous > self.previous.abs())
+            self._rejected = torch.zeros((), dtype=torch.int64, device=value.device)
+        finite = torch.isfinite(value)
+        rising = ~finite | (value > self.previous)
+        blow_up = rising & (~finite | (value - self.previous > self.previous.abs()))
+        if self.saved is None:
+            blow_up = torch.zeros_like(blow_up)  # nothing to go back to yet: the host path keeps the step too
         self._restarts += rising
-        self.scale = torch.where(blow_up, self.scale * 0.5, self.scale)
+        self._rejected += blow_up
         keep = (~rising).to(value.dtype)
-        for group, decay in zip(self.optimizer.param_groups, self.decays, strict=True):
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if decay:
-                    p.grad.add_(p.detach(), alpha=decay)
-                p.grad.mul_(self.scale)
-                buffer = self.optimizer.state.get(p, {}).get("momentum_buffer")
-                if buffer is not None:
-                    buffer.mul_(keep)
-        self.previous = value
-        self.optimizer.step()
+        for o in self.optimizers:
+            for group in o.param_groups:
+                for p in group["params"]:
+                    buffer = o.state.get(p, {}).get("momentum_buffer")
+                    if buffer is not None:
+                        buffer.mul_(keep)
+        with torch.no_grad():
+            if self.saved is not None:
+                for p, before in zip(self.params, self.saved, strict=True):
+                    p.copy_(torch.where(blow_up, before, p))
+        self.scale = torch.where(blow_up, self.scale * 0.5, self.scale)
+        self.previous = torch.where(blow_up, self.previous, value)
+        self.saved = [p.detach().clone() for p in self.params]
+        self._scale_gradients(0, self.scale * (~blow_up).to(value.dtype))
+        self.optimizers[0].step()
+
+    def step_other(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step one of the other optimisers of the round at the round's current factor (VIMADMM-J's own head)."""
+        index = next(i for i, o in enumerate(self.optimizers) if o is optimizer)
+        if self.scale is not None:
+            self._scale_gradients(index, self.scale)
+        elif any(self.decays[index]):
+            self._scale_gradients(index, torch.ones((), dtype=self.params[0].dtype, device=self.params[0].device))
+        optimizer.step()
 
     def restore(self) -> None:
-        for group, decay in zip(self.optimizer.param_groups, self.decays, strict=True):
-            group["weight_decay"] = decay
+        for o, decays in zip(self.optimizers, self.decays, strict=True):
+            for group, decay in zip(o.param_groups, decays, strict=True):
+                group["weight_decay"] = decay
 
 
 class ADMMFeatureParty(NoisyFeatureParty):
@@ -208,7 +270,8 @@ class ADMMFeatureParty(NoisyFeatureParty):
         def objective(o: torch.Tensor) -> torch.Tensor:
             return admm_objective(o, lam, residual, self.rho, anchor=anchor, prox=self.prox)
 
-        steps = _DeviceLocalSteps(self.optimizer) if self.steps_on_device else _LocalSteps(self.optimizer)
+        optimizers = (self.optimizer, *([self.head_optimizer] if self.joint else []))
+        steps = _DeviceLocalSteps(*optimizers) if self.steps_on_device else _LocalSteps(*optimizers)
         try:
             for _ in range(self.local_steps):
                 if self.joint:
@@ -218,7 +281,7 @@ class ADMMFeatureParty(NoisyFeatureParty):
                         h = bottom(x)
                     self.head_optimizer.zero_grad(set_to_none=True)  # eq. 19: W_k with the bottom model fixed
                     objective(held_rows(own_head(h))).backward()
-                    self.head_optimizer.step()
+                    steps.step_other(self.head_optimizer)
                     self.optimizer.zero_grad(set_to_none=True)  # eq. 20: the bottom model with the new W_k
                     value = objective(held_rows(own_head(bottom(x))))
                     value.backward()
@@ -273,6 +336,7 @@ class ADMMLabelParty(LabelParty):
         self.rho, self.tol = rho, tol
         self.lam = torch.zeros(len(labels["train"]), outputs, dtype=dtype, device=device)
         self.newton_steps = 0  # the z-updates' Newton steps so far (all rounds), for benchmarks
+        self.head_backtracks_exhausted = 0  # rounds whose head step found no descent (see _head_step)
 
     @property
     def backward_rule(self) -> BackwardRule:
@@ -322,9 +386,7 @@ class ADMMLabelParty(LabelParty):
 
         if self.residual == "round-start":  # the others' outputs with the heads W^t that v (and z) came from
             parts, full = outputs()
-        self.optimizer.zero_grad(set_to_none=True)  # eq. 8: one SGD step of every head at the new lambda and z
-        admm_objective(self.head(xs), lam, z, self.rho).backward()
-        self.optimizer.step()
+        self._head_step(xs, lam, z)  # eq. 8: one SGD step of every head at the new lambda and z
         if self.residual == "new-heads":
             parts, full = outputs()
         messages = []
@@ -337,6 +399,44 @@ class ADMMLabelParty(LabelParty):
                 messages.append(Message(HEAD_KIND, self.name, s, step, {"weight": self.head.weights[k].detach()},
                                         meta={"persistent": True}))
         return loss, messages
+
+    def _head_step(self, xs: list[torch.Tensor], lam: torch.Tensor, z: torch.Tensor) -> None:
+        """Eq. 8, one SGD step of every head ``W_k`` and the bias on ``lam^T o + rho/2 ||z - o||^2`` (plus the weight
+        decay's ``beta/2 ||W||^2``), backtracked: a step that raises that objective is undone and taken again at half
+        the step size (at most :data:`HEAD_HALVINGS` times; the step size is back for the next round). The objective
+        is quadratic in the heads with curvature up to ``rho lambda_max(H^T H) / B``, ``H`` every party's embeddings
+        side by side: it grows with the number of parties and the size of their embeddings, which the data decide, so
+        no fixed step size is safe everywhere (VIMADMM at --vim-lr 0.3 on digits diverged in its first epoch). A step
+        that descends, as every step did at the defaults, is taken as it is."""
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        decay = [g["weight_decay"] for g in self.optimizer.param_groups for _ in g["params"]]
+
+        def decay_term() -> torch.Tensor:  # the optimiser adds its gradient (weight decay): it is not backpropagated
+            with torch.no_grad():
+                return sum((0.5 * w * (q ** 2).sum() for w, q in zip(decay, params, strict=True) if w),
+                           torch.zeros((), dtype=self.dtype, device=self.device))
+
+        before = [q.detach().clone() for q in params]
+        lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = admm_objective(self.head(xs), lam, z, self.rho)
+        loss.backward()
+        start = loss.detach() + decay_term()
+        try:
+            for _ in range(HEAD_HALVINGS + 1):
+                self.optimizer.step()
+                with torch.no_grad():
+                    # compared on the device: one read per round on the common path (a GPU waits once)
+                    if bool(admm_objective(self.head(xs), lam, z, self.rho) + decay_term() <= start):
+                        return
+                    for q, b in zip(params, before, strict=True):
+                        q.copy_(b)
+                for g in self.optimizer.param_groups:
+                    g["lr"] *= 0.5
+            self.head_backtracks_exhausted += 1  # no descent even at 2^-20 of the step: the heads keep their values
+        finally:
+            for g, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+                g["lr"] = lr
 
     def state_dict(self) -> dict:
         state = {"head": self.head.state_dict(), "lam": self.lam.clone()}
