@@ -31,6 +31,7 @@ from attacks.metrics import randomized_response_ceiling
 from attacks.model_completion import CompletionConfig, PassiveModelCompletion
 from attacks.observations import GradientBatch, observe_gradients
 from secvfl.config import TrainConfig
+from secvfl.device import device_here
 from secvfl.errors import ConfigError, DataError, UnsupportedError
 from secvfl.messages import decode, encode
 from secvfl.transport.network import View
@@ -384,7 +385,7 @@ def load_recorded(run_dir: Path, attacker: str = "party0") -> RecordedRun:
     if not (run_dir / "config.toml").is_file() or not (run_dir / "summary.json").is_file():
         raise ConfigError(f"--run {run_dir}: not a finished run directory (needs config.toml and summary.json)")
     cfg = TrainConfig.from_dict(load_config_file(run_dir / "config.toml"))
-    run = build_run(cfg)
+    run = build_run(replace(cfg, device=device_here(cfg.device)))  # a run trained on a GPU, read on any machine
     _load_checkpoint(run_dir, run)
     summary = json.loads((run_dir / "summary.json").read_text())
     path = _view_path(run_dir, attacker)

@@ -124,10 +124,12 @@ class _Augment:
         self.std = x.reshape(x.shape[0], -1).std(dim=0).nan_to_num(0.0).clamp_min(1e-6)
 
     def shift(self, x: torch.Tensor) -> torch.Tensor:
-        """Random translation by up to ``shift`` pixels (zero padding), independently per image."""
+        """Random translation by up to ``shift`` pixels (zero padding), independently per image (every channel of a
+        colour image alike: its rows are channel-major)."""
         assert self.image_shape is not None
         s, (h, w) = self.cfg.shift, self.image_shape
-        img = F.pad(x.reshape(x.shape[0], 1, h, w), (s, s, s, s))
+        channels = x[0].numel() // (h * w) if x.shape[0] else 1
+        img = F.pad(x.reshape(x.shape[0], channels, h, w), (s, s, s, s))
         dy = torch.randint(0, 2 * s + 1, (x.shape[0],), generator=self.gen)
         dx = torch.randint(0, 2 * s + 1, (x.shape[0],), generator=self.gen)
         out = torch.stack([img[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(x.shape[0])])

@@ -62,7 +62,7 @@ fewer bytes and less time than with TenSEAL's real-only vectors at the first dat
 computation"). Parameters are checked against the HomomorphicEncryption.org standard's 128-bit table (total
 coefficient-modulus bits per N) and for precision: a decrypted sum over ``K`` parties is within
 ``K * error_bound_per_party`` of the exact sum (a high-probability bound on encryption and modulus-switch noise, Kim
-et al.; measured errors stay well below it: BENCHMARKS.md, "CKKS precision"), before the cast to the input dtype.
+et al.; measured errors stay well below it: BENCHMARKS.md, "Secure aggregation: CKKS and masking", "Precision"), before the cast to the input dtype.
 Values must stay below ``max_abs_sum / K`` per party so the sum cannot wrap around the wire modulus (2^18 for the
 defaults); larger (or non-finite) values are refused before anything is encrypted.
 
@@ -98,6 +98,7 @@ import torch
 from protocols.base import FLOAT_DTYPES, SecureSumAggregation, refuse_unsummable
 from protocols.ckks_cipher import CiphertextError, CKKSCipher
 from protocols.ckks_worker import read_frame, write_frame
+from secvfl.device import to_host
 from secvfl.errors import ConfigError, ProtocolError, UnsupportedError
 from secvfl.messages import WIRE_DTYPES, Message, register_kind
 from secvfl.options import Options, option
@@ -386,7 +387,8 @@ def _chunk_sizes(total: int, size: int) -> list[int]:
 
 
 def _flatten(tensors: Mapping[str, torch.Tensor]) -> np.ndarray:
-    parts = [t.detach().reshape(-1).to("cpu", torch.float64) for t in tensors.values()]
+    # GPU tensors come to pinned host memory with one wait for all (secvfl.device.to_host), then go to float64
+    parts = [t.detach().reshape(-1).to(torch.float64) for t in to_host(list(tensors.values()))]
     if not parts:
         return np.zeros(0, dtype=np.float64)
     return (torch.cat(parts) if len(parts) > 1 else parts[0]).numpy()

@@ -17,7 +17,7 @@ no weaker than a fresh ciphertext at the first level; the keys stay those of the
 
 It is also cheaper than working at the first level: each ciphertext carries 8192 floats instead of 4096 (N = 8192),
 and encrypting, serialising and decrypting one takes less time and fewer bytes (measured per ciphertext:
-BENCHMARKS.md, "Secure computation"; `secvfl bench crypto` reports it per run).
+BENCHMARKS.md, "Secure aggregation: CKKS and masking"; `secvfl bench crypto` reports it per run).
 
 The SEAL bindings read and write ciphertexts only through file paths, so bytes pass through a scratch file on a
 memory file system (``/dev/shm`` when writable, else the temporary directory): a fresh 0600 file per call, removed

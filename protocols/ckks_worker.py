@@ -1,7 +1,7 @@
 """Body of a CKKS encryption worker process (see ``protocols.ckks._EncryptionWorkers``) and the frames it speaks.
 
 Kept apart from :mod:`protocols.ckks` so that a worker imports only numpy and TenSEAL, not torch, whose import would
-be most of its start-up (BENCHMARKS.md, "One MNIST epoch"), time a training run would otherwise wait for on its
+be most of its start-up (BENCHMARKS.md, "Secure aggregation: CKKS and masking"), time a training run would otherwise wait for on its
 first encrypted step.
 """
 

@@ -55,6 +55,12 @@ row. Rows are described by explicit ids (packed like indices and counted), a con
 public shared-seed batch order (nothing but three integers travels; see :class:`CompressionLayer`). A feedback
 message with neither is refused, because mixing one batch's memory into another batch's rows silently corrupts them.
 
+Algorithms whose every link carries the same full-batch quantity each round (``AlgorithmTraits.persistent_messages``:
+the saddle family's eg, gd, nesterov, admm) are refused a sparsifier without ``ef``/``vr`` (:meth:`CompressionLayer.check`):
+without memory a rand-k copy's error (``n/k - 1`` times the vector's squared size) enters every iterate and they
+diverge (a9a, ``randk:0.1``: NaN at epoch 7), and a top-k copy drops the same entries every round (a9a: accuracy below
+the majority class). Codecs alone (``quant``, ``fp16``...) lose only precision and are accepted.
+
 Which messages keep memory under ``ef``/``vr``: persistent messages (EF21 / shift) and per-row backward gradients
 (residual / shift per row). Per-batch *forward* outputs are compressed without memory: at prediction time there is
 no memory for new rows, so the receiver must learn from the compressed form it will see then (see
@@ -543,7 +549,33 @@ class CompressionLayer(Layer):
         problems = []
         if self.forward is None and self.backward is None:
             problems.append("no direction to compress: give a forward and/or backward spec")
+        if traits.persistent_messages:
+            memoryless = {d: spec for d, spec in (("forward", self.forward), ("backward", self.backward))
+                          if spec is not None and spec.sparsifier is not None and spec.feedback is None}
+            for spec in dict.fromkeys(memoryless.values()):
+                directions = " and ".join(d for d, s in memoryless.items() if s == spec)
+                problems.append(self._memoryless_sparsifier(traits, directions, spec))
+        elif traits.needs_error_feedback:
+            memoryless = [str(s) for s in dict.fromkeys((self.forward, self.backward))
+                          if s is not None and s.sparsifier is not None and s.feedback is None]
+            problems += [f"{spec} has no error feedback, which {traits.name} needs: {traits.needs_error_feedback}"
+                         for spec in memoryless]
+        if traits.exact_outputs and self.forward is not None and self.forward.sparsifier is not None:
+            problems.append(f"forward compression ({self.forward}): {traits.exact_outputs}")
         return problems
+
+    @staticmethod
+    def _memoryless_sparsifier(traits: AlgorithmTraits, directions: str, spec: CompressionSpec) -> str:
+        """Why a sparsifier without error feedback cannot serve an iterative full-batch method (the saddle family)."""
+        if spec.sparsifier == "randk":
+            why = (f"the error of an unbiased rand-k copy is {1 / spec.ratio - 1:g} times the vector's squared size "
+                   "and enters every iterate, so the iterates blow up")
+            fix = f"add +ef (EF21, as `secvfl reproduce saddle` runs it: {spec}+ef) or +vr (shifted compression)"
+        else:
+            why = "a top-k copy drops the same small entries round after round, so the method converges to the wrong point"
+            fix = f"add +ef (EF21: {spec}+ef)"
+        return (f"{spec} on the {directions} messages has no error feedback, but {traits.name} sends the same "
+                f"full-batch quantity every round and {why}; {fix}")
 
     def encoded_outputs(self, traits: AlgorithmTraits) -> tuple[str, str] | None:
         if self.forward is None:

@@ -76,6 +76,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from protocols.base import FLOAT_DTYPES, SecureSumAggregation, refuse_unsummable
+from secvfl.device import to_host
 from secvfl.errors import MessageError, ProtocolError, SecvflWarning, UnsupportedError
 from secvfl.messages import WIRE_DTYPES, Message, register_kind
 from secvfl.transport.layers import AlgorithmTraits, Role, Topology
@@ -144,7 +145,7 @@ class FixedPoint:
 
     def encode(self, x: torch.Tensor, n_parties: int, what: str) -> np.ndarray:
         """``round(x * 2^f)`` as uint64 (two's complement); refuses values that could overflow the sum."""
-        v = x.detach().to("cpu", torch.float64).numpy().reshape(-1)
+        v = to_host([x.detach()])[0].to(torch.float64).numpy().reshape(-1)  # from a GPU through pinned memory
         limit = self.max_abs(n_parties)
         refuse_unsummable(
             v, limit, what, "masked aggregation",

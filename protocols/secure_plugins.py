@@ -68,7 +68,10 @@ class SecAggOptions(Options):
                 "Alternative to --he ckks")
     secagg_frac_bits: int = option(
         24, "fixed-point fractional bits of --secagg mask (precision 2^-(F+1) per party and element; values must stay "
-            "below 2^(62-F)/parties)", metavar="F")
+            "below 2^(62-F)/parties)", metavar="F",
+        # fewer bits round every summed value to within parties x 2^-(F+1): F = 0 rounds to whole numbers
+        check=(lambda v: 16 <= v <= 52, "an integer from 16 to 52 (fewer bits round each summed value to within "
+                                         "parties x 2^-(F+1), which spoils training; 52: float64's precision)"))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ checkpoint records).
 A checkpoint is written into a hidden staging directory that is renamed to ``epoch-NNNN`` once every file is on
 disk; only then does ``latest.json`` name it. A crash at any point therefore leaves ``latest.json`` naming a
 complete directory. The previous checkpoint is kept beside the latest (older ones are deleted), so a latest that
-was damaged on disk afterwards can be replaced by it: ``secvfl train --resume RUN --from-epoch N``. Every damaged,
+was damaged on disk afterwards can be replaced by it: ``secvfl train --resume RUN --from-epoch N`` (``--from-epoch 0``
+starts the run again from its beginning, in its directory). Every damaged,
 truncated or missing file is reported with its path and what to do, never as a traceback.
 
 Nothing secret beyond a party's own model and optimiser is written: session keys of the secure channel and
@@ -41,6 +42,7 @@ import torch
 
 from secvfl.errors import ConfigError, SecvflError
 from secvfl.io import fsync_dir, jsonable, torch_bytes, torch_load, write_bytes_atomic, write_json_atomic
+from secvfl.runlock import resume_command
 
 if TYPE_CHECKING:
     from secvfl.runner import Run
@@ -53,6 +55,7 @@ __all__ = [
     "has_checkpoint",
     "discard_after",
     "NoCheckpointError",
+    "read_party_states",
 ]
 
 _PREFIX = "epoch-"
@@ -199,8 +202,10 @@ def _intact(ck: Path) -> list[int]:
 def _advice(run_dir: Path, others: list[int], which: str = "the previous checkpoint") -> str:
     if others:
         return (f"{which} (epoch {others[0]}) is intact: resume from it with "
-                f"`secvfl train --resume {run_dir} --from-epoch {others[0]}`")
-    return f"no intact checkpoint is left: remove {run_dir} (or use another --out) to start the run afresh"
+                f"`{resume_command(run_dir, '--from-epoch', str(others[0]))}`")
+    # never "remove the directory": it may hold a DP release ledger, the only record of the privacy already spent
+    return (f"no intact checkpoint is left: start the run again from its beginning, in its directory, with "
+            f"`{resume_command(run_dir, '--from-epoch', '0')}`")
 
 
 def latest_epoch(run_dir: Path) -> int:
@@ -212,10 +217,12 @@ def latest_epoch(run_dir: Path) -> int:
         intact = _intact(ck)
         if intact:
             raise ConfigError(f"{latest} is missing, but checkpoints exist: resume one with "
-                              f"`secvfl train --resume {run_dir} --from-epoch {intact[0]}`")
+                              f"`{resume_command(run_dir, '--from-epoch', str(intact[0]))}`")
+        if _epoch_dirs(ck):
+            raise ConfigError(f"{latest} is missing and every checkpoint in {ck} is damaged; " + _advice(run_dir, []))
         raise NoCheckpointError(
-            f"--resume {run_dir}: no checkpoint yet (the run stopped before finishing its first epoch); "
-            f"start it afresh: remove {run_dir} or pass another --out"
+            f"{run_dir}: no checkpoint yet (the run stopped before finishing its first epoch); "
+            f"`{resume_command(run_dir)}` starts it again from its beginning"
         )
     try:
         pointer = json.loads(latest.read_text())
@@ -277,10 +284,32 @@ def load_checkpoint(run_dir: Path, run: Run, *, epoch: int | None = None, count_
     return Restored(int(meta["epoch"]), list(meta["history"]), float(meta.get("wall_seconds", 0.0)))
 
 
+def read_party_states(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """The epoch of the committed checkpoint and every party's state in it (checked like :func:`load_checkpoint`),
+    without a run to load them into: what serving a trained run reads (secvfl.serve)."""
+    run_dir = Path(run_dir)
+    ck = run_dir / "checkpoints"
+    epoch = latest_epoch(run_dir)
+    target = ck / _dir_name(epoch)
+    try:
+        meta = _read_meta(target)
+        names = list(meta.get("files") or [p.name for p in target.glob("*.pt")])
+        parties = {n.removeprefix("party-").removesuffix(".pt"): _load_file(target / n)
+                   for n in names if n.startswith("party-")}
+    except _Damaged as exc:
+        raise ConfigError(f"checkpoint file {exc.path} is damaged ({exc.why}); restore the run directory from a "
+                          "backup") from None
+    return epoch, parties
+
+
 def discard_after(run_dir: Path, epoch: int) -> None:
-    """Make ``epoch`` the committed checkpoint and delete later ones (resuming from an earlier epoch)."""
+    """Make ``epoch`` the committed checkpoint and delete later ones (resuming from an earlier epoch; 0: from the
+    beginning, every checkpoint deleted)."""
     ck = Path(run_dir) / "checkpoints"
-    write_json_atomic(ck / "latest.json", {"epoch": epoch, "dir": _dir_name(epoch)})
+    if epoch == 0:
+        (ck / "latest.json").unlink(missing_ok=True)
+    else:
+        write_json_atomic(ck / "latest.json", {"epoch": epoch, "dir": _dir_name(epoch)})
     for e, path in _epoch_dirs(ck).items():
         if e > epoch:
             shutil.rmtree(path, ignore_errors=True)

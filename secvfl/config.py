@@ -70,6 +70,8 @@ class TrainConfig:
             problems += found
             object.__setattr__(self, "_typed", typed)
             object.__setattr__(self, "options", flat)
+        if not problems:
+            problems = _unused_setting_problems(self)
         if problems:
             raise ConfigError("; ".join(problems))
         check_options(self.options)
@@ -105,7 +107,7 @@ MAX_WIDTH = 65_536  # a wider layer than this is a typo that would end in an out
 MAX_THREADS = 1024  # far more intra-op threads than that exhausts the process's memory mapping
 MAX_FLOAT32 = 3.4028234663852886e38  # optimizer settings are applied to float32 parameters: larger is an overflow
 DTYPES = ("float32", "float64")
-BOTTOMS = ("mlp", "cnn")
+BOTTOMS = ("mlp", "cnn", "resnet")
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 _STR_FIELDS = ("algo", "dataset", "optimizer", "device", "dtype", "bottom", "image_split", "nan_policy")
 _INT_FIELDS = ("parties", "epochs", "batch_size", "seed", "embedding_dim", "eval_batch_size", "threads")
@@ -143,6 +145,17 @@ def _type_problems(cfg: TrainConfig) -> list[str]:
     if not isinstance(cfg.options, Mapping):
         problems.append(f"options must be a dictionary of flag values, got {type(cfg.options).__name__}")
     return problems
+
+
+def _unused_setting_problems(cfg: TrainConfig) -> list[str]:
+    """Core settings given (other than their default) that the algorithm does not read (Algorithm.unused_settings)."""
+    from secvfl.algorithms import algorithm_names, get_algorithm
+
+    if cfg.algo not in algorithm_names():  # an unknown algorithm is refused when the run is built, with the names
+        return []
+    return [f"{_flag(name)} does not apply to --algo {cfg.algo} (drop it): {why}"
+            for name, why in get_algorithm(cfg.algo).unused_settings.items()
+            if getattr(cfg, name) != getattr(TrainConfig, name)]
 
 
 def _range_problems(cfg: TrainConfig) -> list[str]:

@@ -208,7 +208,7 @@ class LabelHandle(LocalHandle):
         loss, grads = self._party.train_step(step, ids, self._take(), senders, aggregated=self._aggregated,
                                              input_scale=input_scale)
         self._send(grads)
-        return loss
+        return float(loss)  # after the send: on a GPU the step has run by now, so reading it does not wait
 
     @request
     def predict(self, *, input_scale: torch.Tensor | None = None) -> torch.Tensor:

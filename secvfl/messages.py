@@ -49,7 +49,7 @@ import math
 import operator
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, Union
 
@@ -57,11 +57,13 @@ import msgspec
 import numpy as np
 import torch
 
+from secvfl.device import to_host
 from secvfl.errors import MessageError
 
 __all__ = [
     "Message",
     "encode",
+    "encode_many",
     "decode",
     "delivered",
     "mark_delivered",
@@ -82,8 +84,8 @@ VERSION = 1
 _PREFIX = struct.Struct("<4sBI")
 
 # Limits of what decode accepts (encode refuses the same). The header bound leaves room for a meta list of ~500k
-# row ids (the largest real headers name a batch's rows); one that size still parses in milliseconds (BENCHMARKS.md,
-# "Wire decoding").
+# row ids (the largest real headers name a batch's rows); one that size still parses in milliseconds
+# (BENCHMARKS.md, "Wire format").
 MAX_HEADER_BYTES = 4 << 20
 MAX_NAME_CHARS = 256  # sender, receiver, tensor, blob names and meta keys
 MAX_KIND_CHARS = 64
@@ -215,7 +217,7 @@ def _tensor_bytes(t: torch.Tensor) -> bytes | np.ndarray:
         if t.numel() == 0:  # (an empty view may have stride 0, which a dtype view refuses)
             return b""
         t = t.detach().view(-1).view(torch.uint8)
-    return t.numpy(force=True)  # detached and on the CPU (a copy only where it is not already there)
+    return t.numpy(force=True)  # detached (encode copied device tensors to the host before)
 
 
 def _header(message: Message) -> bytes:
@@ -357,15 +359,33 @@ def encoded_payload_size(data: bytes) -> int:
     return len(data) - _PREFIX.size - _PREFIX.unpack_from(data)[2]
 
 
-def encode(message: Message) -> bytes:
-    """Serialise a message to bytes (no pickle); a message :func:`decode` would refuse raises :class:`MessageError`."""
+def _checked_header(message: Message) -> bytes:
     if message.kind not in KINDS:
         raise MessageError(f"unknown message kind {message.kind!r}; known kinds: {sorted(KINDS)}")
-    head = _header(message)
+    return _header(message)
+
+
+def _join(message: Message, head: bytes, tensors: list[torch.Tensor]) -> bytes:
     parts = [_PREFIX.pack(MAGIC, VERSION, len(head)), head]
-    parts.extend(_tensor_bytes(t) for t in message.tensors.values())
+    parts.extend(_tensor_bytes(t) for t in tensors)
     parts.extend(bytes(b) for b in message.blobs.values())
     return b"".join(parts)
+
+
+def encode(message: Message) -> bytes:
+    """Serialise a message to bytes (no pickle); a message :func:`decode` would refuse raises :class:`MessageError`.
+
+    Tensors on a GPU are copied to the host with one wait for the whole message (:func:`secvfl.device.to_host`)."""
+    head = _checked_header(message)
+    return _join(message, head, to_host(list(message.tensors.values())))
+
+
+def encode_many(messages: Sequence[Message]) -> list[bytes]:
+    """:func:`encode` each message, with one wait for the GPU tensors of all of them (a party sending one message
+    per peer in a step waits once). Nothing is encoded if one of them would be refused."""
+    heads = [_checked_header(m) for m in messages]
+    hosts = iter(to_host([t for m in messages for t in m.tensors.values()]))
+    return [_join(m, head, [next(hosts) for _ in m.tensors]) for m, head in zip(messages, heads, strict=True)]
 
 
 def decode(data: bytes | bytearray | memoryview) -> Message:

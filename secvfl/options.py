@@ -47,8 +47,10 @@ O = TypeVar("O", bound="Options")  # noqa: E741 - the conventional name of a typ
 class Options:
     """Base of every options type: subclasses are ``@dataclass(frozen=True)`` with :func:`option` fields."""
 
-    # The --help section of an algorithm family's options (a protocol plugin's section is the plugin's name).
+    # The --help section of an algorithm family's options (a protocol plugin's section is the plugin's name), and what
+    # the section says before its flags (empty: nothing).
     title: ClassVar[str] = ""
+    description: ClassVar[str] = ""
 
     def problems(self) -> list[str]:
         """Rules between fields (e.g. a flag that only takes effect with another): one phrase per problem."""

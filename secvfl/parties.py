@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from secvfl.device import index_tensor, to_device
 from secvfl.errors import ConfigError, PartyIsolationError
 from secvfl.messages import Message, delivered
 
@@ -37,6 +38,7 @@ __all__ = [
     "PlainRelease",
     "task_loss",
     "make_optimizer",
+    "optimizer_kernels",
     "require_wire",
     "trainable_parameters",
     "ProtocolHooks",
@@ -82,12 +84,21 @@ def probabilities(logits: torch.Tensor, n_classes: int) -> torch.Tensor:
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
 
 
-def make_optimizer(params: Any, name: str, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def optimizer_kernels(device: torch.device | None) -> dict[str, Any]:
+    """torch.optim options for parameters on ``device``: on CUDA the fused kernels (one launch updates every
+    parameter, where the default launches several per parameter); elsewhere torch's defaults, so CPU runs are
+    unchanged. The parameters must be on ``device`` when the optimiser is built."""
+    return {"fused": True} if device is not None and device.type == "cuda" else {}
+
+
+def make_optimizer(params: Any, name: str, lr: float, weight_decay: float = 0.0, *,
+                   device: torch.device | None = None) -> torch.optim.Optimizer:
+    """``name``'s optimiser; ``device``: where the parameters are (see :func:`optimizer_kernels`)."""
     try:
         cls = OPTIMIZERS[name]
     except KeyError:
         raise ConfigError(f"unknown optimiser {name!r}; choose one of {', '.join(OPTIMIZERS)}") from None
-    return cls(params, lr=lr, weight_decay=weight_decay)
+    return cls(params, lr=lr, weight_decay=weight_decay, **optimizer_kernels(device))
 
 
 class BackwardRule(Protocol):
@@ -106,15 +117,17 @@ class BackwardRule(Protocol):
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         *,
         rows: np.ndarray | None = None,
-    ) -> float:
-        """``rows``: the batch's training row ids (the label party's own bookkeeping, e.g. for a posterior per row)."""
+    ) -> float | torch.Tensor:
+        """``rows``: the batch's training row ids (the label party's own bookkeeping, e.g. for a posterior per row).
+        The loss may come back as a one-element tensor: it is read after the step's gradients are sent, so that on
+        a GPU reading it does not wait for the step (see :mod:`secvfl.device`)."""
         ...
 
 
-def standard_backward(head, forward, inputs, labels, loss_fn, *, rows=None) -> float:  # noqa: ANN001 - see BackwardRule
+def standard_backward(head, forward, inputs, labels, loss_fn, *, rows=None) -> torch.Tensor:  # noqa: ANN001 - see BackwardRule
     loss = loss_fn(forward(inputs), labels)
     loss.backward()
-    return float(loss.detach())
+    return loss.detach()
 
 
 class ReleaseRule(Protocol):
@@ -273,7 +286,7 @@ class FeatureParty(_Party):
 
     def forward(self, step: int, split: str, ids: np.ndarray, receiver: str, *, train: bool = True) -> Message:
         """Compute the bottom-model output on rows ``ids`` and wrap what the release rule lets out for ``receiver``."""
-        idx = torch.as_tensor(ids, device=self.device)
+        idx = index_tensor(ids, self.device)
         x = self._x[split][idx]
         if self.model.training is not train:  # Module.train() walks every submodule: only when the mode changes
             self.model.train(train)
@@ -294,7 +307,7 @@ class FeatureParty(_Party):
         if self._pending is None:
             raise PartyIsolationError(f"{self.name} received a gradient without a pending forward pass")
         x, out, held = self._pending
-        grad = message.tensor("gradient").to(device=self.device, dtype=out.dtype)
+        grad = to_device(message.tensor("gradient"), self.device, out.dtype)
         if grad.shape != out.shape:
             raise PartyIsolationError(f"{self.name}: gradient of shape {tuple(grad.shape)} for output {tuple(out.shape)}")
         if held is not None:  # rows the party does not hold never train its model, whatever the rule
@@ -348,7 +361,7 @@ class LabelParty(_Party):
     def labels(self, split: str, ids: np.ndarray | None = None) -> torch.Tensor:
         """The label party's own labels (used for its own loss and evaluation, never sent unless an algorithm says so)."""
         y = self._y[split]
-        return y if ids is None else y[torch.as_tensor(ids, device=self.device)]
+        return y if ids is None else y[index_tensor(ids, self.device)]
 
     def use_training_labels(self, labels: np.ndarray | torch.Tensor) -> None:
         """A protocol's hook: train on ``labels`` (one per training row) from now on, e.g. label DP's released labels
@@ -363,7 +376,7 @@ class LabelParty(_Party):
 
     def _inputs(self, inputs: Sequence[Message]) -> list[torch.Tensor]:
         return [
-            require_wire(m, self.name).tensor(self.input_kind).to(device=self.device, dtype=self.dtype).requires_grad_(True)
+            to_device(require_wire(m, self.name).tensor(self.input_kind), self.device, self.dtype).requires_grad_(True)
             for m in inputs
         ]
 
@@ -382,8 +395,9 @@ class LabelParty(_Party):
         *,
         aggregated: bool = False,
         input_scale: torch.Tensor | None = None,
-    ) -> tuple[float, list[Message]]:
-        """One optimiser step of the head; returns the loss and one gradient message per sender.
+    ) -> tuple[float | torch.Tensor, list[Message]]:
+        """One optimiser step of the head; returns the loss (a float or a one-element tensor: read it after sending
+        the messages) and one gradient message per sender.
 
         ``input_scale`` (per-row factors, e.g. 1/number of observed parties) turns an aggregated sum into a mean.
         """
@@ -411,7 +425,7 @@ class LabelParty(_Party):
     ) -> torch.Tensor:
         """Class probabilities (n, C) for the rows the inputs describe."""
         self.head.eval()
-        xs = [require_wire(m, self.name).tensor(self.input_kind).to(device=self.device, dtype=self.dtype) for m in inputs]
+        xs = [to_device(require_wire(m, self.name).tensor(self.input_kind), self.device, self.dtype) for m in inputs]
         return probabilities(self._forward(xs, aggregated, input_scale), self.n_classes)
 
     def state_dict(self) -> dict:

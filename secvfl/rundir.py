@@ -14,8 +14,10 @@ from secvfl.checkpoint import has_checkpoint
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError
 from secvfl.plotting import new_figure, save_figure_atomic
+from secvfl.runlock import LOCK_FILE, resume_command
 
-__all__ = ["RUNS_DIR_ENV", "runs_root", "dataset_label", "default_run_dir", "check_out_dir", "writing", "write_curves"]
+__all__ = ["RUNS_DIR_ENV", "runs_root", "dataset_label", "default_run_dir", "check_out_dir", "check_run_contents",
+           "writing", "write_curves"]
 
 
 def dataset_label(name: str) -> str:
@@ -48,12 +50,77 @@ def default_run_dir(cfg: TrainConfig, root: str | Path | None = None) -> Path:
     return path
 
 
-def check_out_dir(run_dir: Path) -> None:
-    """Refuse, before any data is loaded, a run directory that cannot be created or written."""
+# Settings that say where a run reads its data, how many threads it uses and on which device: properties of the
+# machine, not of the run (a resumed run may change them too, secvfl.runner.RESUME_CHANGES).
+_MACHINE_SETTINGS = ("data_dir", "threads", "device")
+
+
+def _settings(cfg: TrainConfig) -> dict:
+    d = {k: v for k, v in cfg.to_dict().items() if k not in _MACHINE_SETTINGS and v is not None}
+    d["options"] = {k: v for k, v in d["options"].items() if v is not None}
+    return d
+
+
+# Written while a run is set up, before its config.toml (a deployed label party's row alignment); a run that failed
+# then left nothing else, and starting it again rewrites them.
+_SETUP_FILES = ("alignment.json",)
+
+
+def _flat(settings: dict) -> dict:
+    return {**{k: v for k, v in settings.items() if k != "options"}, **settings["options"]}
+
+
+def check_run_contents(run_dir: Path, cfg: TrainConfig | None = None, resume: str | None = None) -> None:
+    """Refuse to start a run in ``run_dir`` unless it is new, empty, or holds this very run (``cfg``) stopped before
+    its first checkpoint. A run never writes into a directory that holds other files, nor over another run.
+    ``resume``: the command that continues a run there, for the hints (default: :func:`secvfl.runlock.resume_command`)."""
+    if not run_dir.is_dir():
+        return
+
+    def continuing(*flags: str) -> str:  # the command that continues the run in run_dir
+        return " ".join([resume, *flags]) if resume else resume_command(run_dir, *flags)
+
+    if has_checkpoint(run_dir):
+        how = f"continue it with `{continuing()}`"
+        if (run_dir / "summary.json").is_file():
+            from secvfl.runner import read_run_config  # (the runner imports this module)
+
+            try:
+                epochs = read_run_config(run_dir).epochs
+                how = f"it has finished; train it longer with `{continuing('--epochs', str(2 * epochs))}`"
+            except ConfigError:
+                how = "it has finished"
+        raise ConfigError(f"--out {run_dir} already holds a run; {how}, or choose another --out")
+    entries = sorted(p.name for p in run_dir.iterdir()
+                     if p.name not in (LOCK_FILE, *_SETUP_FILES) and not p.name.startswith(".secvfl-"))
+    if not entries:
+        return
+    if "config.toml" in entries:
+        from secvfl.runner import read_run_config  # (the runner imports this module)
+
+        try:
+            saved = read_run_config(run_dir)
+        except ConfigError:
+            saved = None
+        if saved is not None and (cfg is None or _settings(saved) == _settings(cfg)):
+            return  # this run, stopped before its first checkpoint: it starts again (a DP ledger counts its releases)
+        if saved is not None:
+            a, b = _flat(_settings(saved)), _flat(_settings(cfg))
+            changed = ", ".join(f"--{k.replace('_', '-')} {b.get(k)!r} (it has {a.get(k)!r})"
+                                for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k))
+            raise ConfigError(f"--out {run_dir} holds a run with other settings ({changed}); continue that run with "
+                              f"`{continuing()}`, or choose another --out")
+    shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    raise ConfigError(f"--out {run_dir} is not empty ({shown}) and holds no run of these settings; a run never writes "
+                      "into a directory that holds other files: choose a new or empty directory")
+
+
+def check_out_dir(run_dir: Path, cfg: TrainConfig | None = None, resume: str | None = None) -> None:
+    """Refuse, before any data is loaded, a run directory that cannot be created or written, or that holds anything
+    but this run (:func:`check_run_contents`)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--out {run_dir} is an existing file; name a directory (it is created if needed)")
-    if run_dir.is_dir() and has_checkpoint(run_dir):
-        raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} to continue it, or another --out")
+    check_run_contents(run_dir, cfg, resume)
     existing = run_dir.absolute()
     while not existing.exists():
         existing = existing.parent
@@ -95,8 +162,9 @@ def writing(run_dir: Path) -> Iterator[None]:
                           "use a writable location (--out) with free space") from None
 
 
-def write_curves(path: Path, history: list[dict], cfg: TrainConfig) -> None:
-    """``curves.png``: the training loss and the validation metric per epoch (written atomically).
+def write_curves(path: Path, history: list[dict], cfg: TrainConfig, val_name: str = "val") -> None:
+    """``curves.png``: the training loss and the validation metric per epoch (written atomically); ``val_name``: what
+    the validation metric is (``prequential``: an online run's block score, each sample scored before learning).
 
     A run whose training loss is private (label DP: it is computed from the true labels) has no loss panel.
     """
@@ -106,7 +174,8 @@ def write_curves(path: Path, history: list[dict], cfg: TrainConfig) -> None:
         panels.append(("train_loss", "training loss (batch mean)", "training loss", "tab:blue"))
     metric = next((k for k in ("val_auc", "val_accuracy") if history and all(k in h for h in history)), None)
     if metric:
-        panels.append((metric, metric[4:], f"validation {metric[4:]}", "tab:green"))
+        what = "validation" if val_name == "val" else val_name
+        panels.append((metric, metric[4:], f"{what} {metric[4:]}", "tab:green"))
     fig = new_figure((4.5 * max(1, len(panels)), 3.4))
     axes = fig.subplots(1, max(1, len(panels)), squeeze=False)[0]
     for ax, (key, ylabel, title, colour) in zip(axes, panels, strict=False):

@@ -31,14 +31,22 @@ import torch
 
 from secvfl.algorithms import get_algorithm
 from secvfl.algorithms.base import Algorithm, RunContext
-from secvfl.checkpoint import discard_after, latest_epoch, load_checkpoint, save_checkpoint
+from secvfl.checkpoint import (
+    NoCheckpointError,
+    discard_after,
+    has_checkpoint,
+    latest_epoch,
+    load_checkpoint,
+    save_checkpoint,
+)
 from secvfl.config import TrainConfig
 from secvfl.data import Dataset, block_miss_probabilities, draw_masks, load_dataset, make_partition
 from secvfl.data.partition import Partition
 from secvfl.errors import ConfigError, TrainingDiverged
 from secvfl.io import write_json_atomic, write_text_atomic
 from secvfl.plugins import ProtocolSetup, configure_protocols
-from secvfl.rundir import check_out_dir, write_curves, writing
+from secvfl.rundir import check_out_dir, check_run_contents, write_curves, writing
+from secvfl.runlock import lock_run_dir, resume_command
 from secvfl.transport.network import Network
 
 __all__ = [
@@ -66,7 +74,8 @@ def limit_threads(n: int) -> None:
     """``--threads`` bounds torch's intra-op pool and numpy/scipy's BLAS pools alike.
 
     The linear algorithms spend their time in BLAS, which otherwise starts one thread per core and, on a machine
-    shared with other jobs, runs far slower than with one (BENCHMARKS.md, "BLAS threads").
+    shared with other jobs, runs far slower than with one (an a9a ExtraGradient run on 2 shared cores: 299 s with
+    BLAS's default threads, 26 s with one).
     """
     from threadpoolctl import threadpool_limits
 
@@ -124,7 +133,7 @@ def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = Non
         data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, val_fraction=cfg.val_fraction,
                             nan_policy=cfg.nan_policy)
         partition = make_partition(data.n_features, cfg.parties, image_shape=data.image_shape,
-                                   image_split=cfg.image_split)
+                                   image_split=cfg.image_split, channels=data.image_channels)
     else:
         data, partition = prepared
     data, masks, notes = _masks(data, cfg, partition.n_blocks)
@@ -141,7 +150,8 @@ def build_run(cfg: TrainConfig, prepared: tuple[Dataset, Partition] | None = Non
     torch.manual_seed(cfg.seed)
     algorithm = algo_cls(ctx, net)
     net.guard.declare_widths(algorithm.message_widths())
-    net.guard.step_size = algorithm.step_size()
+    # a party's own non-finite output is stopped before it is sent, with the cause a non-finite loss would give
+    net.guard.divergence_cause = lambda: _divergence_cause(algorithm.step_size(), _non_finite_cells(ctx.data))
     for s in setups:
         for hook in s.attach:
             hook(algorithm)
@@ -172,10 +182,11 @@ def _primary(metrics: dict[str, float]) -> tuple[str, float]:
 
 
 # -- run directories -------------------------------------------------------------------------------------------
-# What a resumed run may change (README, Training, "Resuming"): more epochs extend it; where the data lives and how
-# many threads it uses are properties of the machine, not of the run; a DP run may be allowed a larger epsilon than
-# planned when releases repeated after a crash would exceed the plan. Every other setting is refused.
-RESUME_CHANGES = ("epochs", "data_dir", "threads", "dp_accept_epsilon")
+# What a resumed run may change (README, Training, "Resuming"): more epochs extend it; where the data lives, how
+# many threads it uses and which device it trains on are properties of the machine, not of the run (a run trained on
+# a GPU goes on on a machine without one, and back); a DP run may be allowed a larger epsilon than planned when
+# releases repeated after a crash would exceed the plan. Every other setting is refused.
+RESUME_CHANGES = ("epochs", "data_dir", "threads", "device", "dp_accept_epsilon")
 # Test hook (tests/test_resume_kill.py): the process sends itself SIGKILL right after this training batch, counted
 # from the first batch of the run (batches before a resume point included), to test recovery from a real crash.
 KILL_AT_BATCH_ENV = "SECVFL_KILL_AT_BATCH"
@@ -184,13 +195,20 @@ KILL_AT_BATCH_ENV = "SECVFL_KILL_AT_BATCH"
 def read_run_config(run_dir: Path) -> TrainConfig:
     path = run_dir / "config.toml"
     if not path.is_file():
-        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml); start a run there with "
-                          f"--out {run_dir}")
+        if not run_dir.is_dir():
+            raise ConfigError(f"--resume {run_dir}: no such directory; give the directory of the run to continue")
+        if any(run_dir.iterdir()):
+            raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml), and it holds other files; "
+                              "give the directory of the run to continue, or start a new run in a new directory "
+                              "(--out)")
+        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.toml: it is empty); start a new run "
+                          f"with `secvfl train --out {run_dir}`")
     return TrainConfig.from_dict(load_config_file(path))
 
 
 def _resumable(run_dir: Path, from_epoch: int | None, changes: dict[str, Any]) -> tuple[TrainConfig, int]:
-    """The configuration a resumed run continues with, and the epochs it has done; refuses what cannot resume."""
+    """The configuration a resumed run continues with, and the epochs it has done (0: it starts again from its
+    beginning, having stopped before its first checkpoint, or ``--from-epoch 0``); refuses what cannot resume."""
     saved = read_run_config(run_dir)
     unknown = sorted(set(changes) - set(RESUME_CHANGES))
     if unknown:
@@ -198,13 +216,20 @@ def _resumable(run_dir: Path, from_epoch: int | None, changes: dict[str, Any]) -
     core = {k: v for k, v in changes.items() if k in TrainConfig.__dataclass_fields__}
     options = {k: v for k, v in changes.items() if k not in core}  # a protocol's flag
     cfg = replace(saved, **core, options={**saved.options, **options}) if changes else saved
-    done = latest_epoch(run_dir) if from_epoch is None else int(from_epoch)
+    if from_epoch is not None:
+        done = int(from_epoch)
+    else:
+        try:
+            done = latest_epoch(run_dir)
+        except NoCheckpointError:  # killed before its first checkpoint: it starts again from its beginning (in its
+            done = 0  # directory, where a DP release ledger counts what the killed process released)
     if done > cfg.epochs:
         raise ConfigError(f"--epochs {cfg.epochs}: {run_dir} has already trained {done} epochs; a resumed run can "
                           f"only train longer (--epochs {done} or more)")
     if from_epoch is None and done == cfg.epochs and (run_dir / "summary.json").is_file():
         raise ConfigError(f"--resume {run_dir}: the run already finished its {done} epoch{'s' * (done != 1)} (see "
-                          f"summary.json); add --epochs N with N > {done} to train it longer")
+                          f"summary.json); to train it longer, give more epochs: "
+                          f"`{resume_command(run_dir, '--epochs', str(2 * done))}`")
     return cfg, done
 
 
@@ -217,23 +242,47 @@ def _kill_at_batch() -> int | None:
     return int(text)
 
 
-def _diverged(step_size: tuple[str, float], run_dir: Path | None, epoch: int, batch: int | None,
-              loss: float) -> TrainingDiverged:
+def _non_finite_inputs(run: Run) -> int:
+    """Cells of the training data that are not finite after preprocessing (a diverged run blames them, not a step
+    size: e.g. values near +-1e308 overflow when standardised)."""
+    return _non_finite_cells(run.ctx.data)
+
+
+def _non_finite_cells(data: Dataset) -> int:
+    return int(np.size(data.X_train) - np.count_nonzero(np.isfinite(data.X_train)))
+
+
+def _divergence_cause(step_size: tuple[str, float] | None, bad_cells: int = 0) -> str:
+    """Why a run's own computation diverged, and the fix. It names a step-size flag only when the algorithm has one
+    and the training data were finite; peers' non-finite messages are refused by the receiving party, naming the
+    sender, before any loss sees them. Used for a non-finite loss (:func:`_diverged`) and for a party's own
+    non-finite output, which it refuses to send (:meth:`secvfl.transport.guard.ReceiveGuard.check_sent`)."""
+    if bad_cells:
+        return (f"The training data hold {bad_cells} non-finite value(s) after preprocessing (values near +-1e308 "
+                "overflow when the columns are standardised); fix or remove them in the data")
+    if step_size is None:
+        return ("Its step sizes follow from the problem, so the data probably hold huge values or the problem is "
+                "badly conditioned; check the data")
     flag, lr = step_size
+    return (f"The step size is probably too large ({flag} {lr:g}) or the data hold huge values; start again "
+            f"with a smaller {flag} (e.g. {lr / 10:g}) or check the data")
+
+
+def _diverged(step_size: tuple[str, float] | None, run_dir: Path | None, epoch: int, batch: int | None,
+              loss: float, bad_cells: int = 0) -> TrainingDiverged:
+    """The one line a run whose loss became non-finite stops with (see :func:`_divergence_cause`)."""
     where = f"epoch {epoch + 1}" + (f", batch {batch}" if batch is not None else "")
     kept = f"; {run_dir} keeps the metrics and checkpoint of epoch {epoch}" if run_dir is not None and epoch else ""
-    return TrainingDiverged(
-        f"training stopped: the loss became {loss} at {where}. The step size is probably too large ({flag} "
-        f"{lr:g}) or the data hold inf or huge values; start again with a smaller {flag} (e.g. {lr / 10:g}) or "
-        f"check the data{kept}"
-    )
+    return TrainingDiverged(f"training stopped: the loss became {loss} at {where}. "
+                            f"{_divergence_cause(step_size, bad_cells)}{kept}")
 
 
 # -- the run -------------------------------------------------------------------------------------------------
 def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str | Path | None = None,
                  from_epoch: int | None = None, changes: dict[str, Any] | None = None, progress: bool = True,
                  log=print, on_build=None, build: Callable[[TrainConfig], Run] | None = None,
-                 summary_extra: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+                 summary_extra: Callable[[], dict[str, Any]] | None = None, resume_as: str | None = None
+                 ) -> dict[str, Any]:
     """Train, evaluate and write the run directory ``out`` (None: write nothing); returns the summary dictionary.
 
     ``resume``: continue the run in that directory from its latest checkpoint (``from_epoch``: from the one after
@@ -242,38 +291,63 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
     ``on_build(run)``, if given, is called once the run is assembled (and restored, on resume), before training:
     e.g. to record a party's view for an attack. ``build`` assembles the run (default :func:`build_run`; the parties
     in separate processes of :mod:`secvfl.deploy` build it with remote handles); ``summary_extra()`` adds entries to
-    the summary.
+    the summary. ``resume_as``: the command that continues this run, for the hints the run prints (default
+    ``secvfl train --resume DIR``; a deployed label party's is its ``secvfl party`` or ``secvfl launch`` command).
+
+    The run directory is locked for the run's life (:mod:`secvfl.runlock`): a second process writing it is refused.
     """
     changes = dict(changes or {})
     run_dir = Path(resume) if resume is not None else Path(out) if out is not None else None
-    if resume is not None:
-        cfg, _ = _resumable(run_dir, from_epoch, changes)
-    elif from_epoch is not None:
+    if resume is None and from_epoch is not None:
         raise ConfigError("--from-epoch applies only with --resume DIR")
-    elif changes:
+    if resume is None and changes:
         raise ConfigError("changes apply only to a resumed run (resume=DIR)")
-    elif run_dir is not None:
-        check_out_dir(run_dir)
+    train = dict(resume=resume is not None, from_epoch=from_epoch, changes=changes, progress=progress, log=log,
+                 on_build=on_build, build=build, summary_extra=summary_extra)
+    if run_dir is None:
+        return _train(cfg, None, **train)
+    if resume is not None:
+        read_run_config(run_dir)  # a directory that holds no run is refused before anything is created in it
+    else:
+        check_out_dir(run_dir, cfg, resume_as)
+    # one process at a time writes a run directory, for the run's whole life (secvfl.runlock)
+    with lock_run_dir(run_dir, resume_as, flag="--resume" if resume is not None else "--out"):
+        if resume is not None:
+            cfg, _ = _resumable(run_dir, from_epoch, changes)
+        else:
+            check_run_contents(run_dir, cfg, resume_as)  # again, under the lock: another process may have written it
+        return _train(cfg, run_dir, **train)
+
+
+def _train(cfg: TrainConfig, run_dir: Path | None, *, resume: bool, from_epoch: int | None, changes: dict[str, Any],
+           progress: bool, log, on_build, build: Callable[[TrainConfig], Run] | None,  # noqa: ANN001
+           summary_extra: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    """:func:`run_training` once the run directory (if any) is locked and checked."""
     run = (build or build_run)(cfg)
     start_epoch, history, wall_before = 0, [], 0.0
-    if resume is not None:
+    # a resumed run with no checkpoint (stopped before its first one, or --from-epoch 0) starts from its beginning
+    again = resume and (from_epoch == 0 or (from_epoch is None and not has_checkpoint(run_dir)))
+    if resume and not again:
         restored = load_checkpoint(run_dir, run, epoch=from_epoch, count_since_build=True)
         start_epoch, history, wall_before = restored.epoch, restored.history, restored.wall_seconds
     for hook in (h for s in run.setups for h in s.on_start):
         hook(run_dir, start_epoch)  # may refuse to go on; nothing in the run directory has been written yet
-    if resume is not None:
+    if resume:
         with writing(run_dir):
             if from_epoch is not None:
                 discard_after(run_dir, from_epoch)
             if changes:
                 write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
             write_text_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-        log(f"resuming {run_dir} after epoch {start_epoch} of {cfg.epochs}")
+        if again:
+            log(f"resuming {run_dir} from its beginning (no checkpoint to continue from), {cfg.epochs} epochs")
+        else:
+            log(f"resuming {run_dir} after epoch {start_epoch} of {cfg.epochs}")
     elif run_dir is not None:
         with writing(run_dir):
             run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
-        log(f"run directory: {run_dir} (continue an interrupted run with `secvfl train --resume {run_dir}`)")
+        log(f"run directory: {run_dir} (continue an interrupted run with `{resume_command(run_dir)}`)")
     if on_build is not None:
         on_build(run)
     for note in run.ctx.data.notes:
@@ -302,7 +376,7 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
                 nonlocal batch
                 batch += 1
                 if not math.isfinite(loss):
-                    raise _diverged(run.algorithm.step_size(), run_dir, epoch, batch, loss)
+                    raise _diverged(run.algorithm.step_size(), run_dir, epoch, batch, loss, _non_finite_inputs(run))
                 if bar is not None:
                     bar.update(1)
                     if not keepers:
@@ -314,7 +388,8 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
                 hook(epoch)
             train = run.algorithm.train_epoch(epoch, tick)
             if not math.isfinite(train["loss"]):
-                raise _diverged(run.algorithm.step_size(), run_dir, epoch, None, train["loss"])
+                raise _diverged(run.algorithm.step_size(), run_dir, epoch, None, train["loss"],
+                                _non_finite_inputs(run))
             val = run.algorithm.evaluate("val")
             row = {"epoch": epoch + 1, "train_loss": None if keepers else train["loss"],
                    **{f"val_{k}": v for k, v in val.items()}, "bytes_total": run.net.stats.bytes_total}
@@ -324,10 +399,11 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
             history.append(row)
             key, value = _primary(val)
             shown = "private" if keepers else f"{train['loss']:.4f}"
+            val_name = run.algorithm.val_name  # "val", or "prequential" for an online run's block
             if bar is not None:
-                bar.set_postfix(loss=shown, **{f"val_{key}": f"{value:.4f}"})
+                bar.set_postfix(loss=shown, **{f"{val_name}_{key}": f"{value:.4f}"})
             else:
-                log(f"epoch {epoch + 1}/{cfg.epochs} loss {shown} val {key} {value:.4f}")
+                log(f"epoch {epoch + 1}/{cfg.epochs} loss {shown} {val_name} {key} {value:.4f}")
             if run_dir is not None:
                 elapsed = wall_before + time.perf_counter() - t0
                 with writing(run_dir):
@@ -362,7 +438,7 @@ def run_training(cfg: TrainConfig, out: str | Path | None = None, *, resume: str
     if run_dir is not None:
         with writing(run_dir):
             write_json_atomic(run_dir / "summary.json", summary)
-            write_curves(run_dir / "curves.png", history, cfg)
+            write_curves(run_dir / "curves.png", history, cfg, run.algorithm.val_name)
     texts = [t for s in run.setups for hook in s.on_finish if (t := hook(run_dir))]
     shown = ", ".join(f"{k} {v:.4f}" for k, v in test.items())
     log(f"test: {shown}")

@@ -7,6 +7,14 @@ checkout cannot pass by skipping.
 
 Tests longer than ~15 s are marked ``slow``: the README's test command leaves them out (``-m "not slow"``), CI runs
 them after it (``-m slow``), and ``pytest`` with no ``-m`` runs everything.
+
+Devices: every test says which device it trains on. A test that compares with a CPU reference or needs the CPU's
+exact results pins ``cpu`` (``device="cpu"``, ``--device cpu``); a test of the CUDA path is marked ``gpu`` and is
+skipped where torch finds no CUDA device (the end of the run counts them and says how to run them); a test meant to
+run on whatever ``--device auto`` picks (the README's defaults) is marked ``auto_device``. Any other test that
+resolves ``--device auto`` in this process fails and says so: on a machine with a GPU, auto picks CUDA, and a test
+that leaned on the CPU without saying so would fail there. (Tests that start ``secvfl`` in a subprocess pass
+``--device`` themselves.)
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 _MISSING_DATA = "real datasets not found"
 _FIX = "set SECVFL_DATA_DIR=/path/to/shared/data (or put shared/data beside the checkout) to run them"
+_NO_CUDA = "no CUDA device"
+_GPU_FIX = 'run them on a machine with an NVIDIA GPU and torch built with CUDA: python -m pytest -m gpu'
 
 
 def _in_ci() -> bool:
@@ -46,11 +56,24 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"secvfl data: NOT FOUND (looked in {looked}); {what}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=f"{_NO_CUDA} (a gpu test: {_GPU_FIX})")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if _MISSING_DATA in str(r.longrepr)]
     if skipped:
         terminalreporter.write_line(
             f"secvfl: {len(skipped)} test(s) skipped, {_MISSING_DATA}: {_FIX}", yellow=True, bold=True)
+    no_gpu = [r for r in terminalreporter.stats.get("skipped", []) if _NO_CUDA in str(r.longrepr)]
+    if no_gpu:
+        terminalreporter.write_line(
+            f"secvfl: {len(no_gpu)} gpu test(s) skipped, {_NO_CUDA}: {_GPU_FIX}", yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +90,22 @@ def data_dir() -> Path:
 def _runs_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Commands run without --out write to $SECVFL_RUNS_DIR: a temporary folder here, never runs/ in the checkout."""
     os.environ["SECVFL_RUNS_DIR"] = str(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(autouse=True)
+def _device_chosen_on_purpose(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail a test that resolves ``--device auto`` without saying it means to (see the module docstring)."""
+    if request.node.get_closest_marker("auto_device") is not None or request.node.get_closest_marker("gpu") is not None:
+        return
+    import secvfl.runner
+
+    resolve = secvfl.runner.resolve_device
+
+    def chosen(name: str) -> torch.device:
+        if name == "auto":
+            pytest.fail("this test resolves --device auto, which is CUDA on a machine with a GPU: pin device='cpu' "
+                        "(--device cpu) where it compares with CPU results, or mark it @pytest.mark.auto_device if it "
+                        "is meant to run on whatever device the machine has", pytrace=False)
+        return resolve(name)
+
+    monkeypatch.setattr(secvfl.runner, "resolve_device", chosen)

@@ -21,7 +21,7 @@ from secvfl.cli.registries import load_command_plugins
 from secvfl.config import TrainConfig
 from secvfl.data import load_dataset
 
-SMALL = ["--parties", "2", "--epochs", "1", "--threads", "1"]
+SMALL = ["--parties", "2", "--epochs", "1", "--threads", "1", "--device", "cpu"]
 
 
 def attack(*argv: str) -> int:
@@ -98,7 +98,7 @@ def test_a_multiclass_task_is_served_by_direction_scoring(tmp_path: Path) -> Non
 
 def test_the_outline_knows_the_class_count_of_the_built_dataset() -> None:
     for name in ("wine", "breast_cancer", "digits"):
-        cfg = TrainConfig(dataset=name, parties=2)
+        cfg = TrainConfig(dataset=name, parties=2, device="cpu")
         assert outline_run(cfg).n_classes == load_dataset(name).n_classes
 
 

@@ -17,7 +17,7 @@ from secvfl.messages import Message
 from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
-SMALL = ["--dataset", "breast_cancer", "--parties", "2", "--epochs", "1"]
+SMALL = ["--dataset", "breast_cancer", "--parties", "2", "--epochs", "1", "--device", "cpu"]
 
 
 def attack(*argv: str) -> int:
@@ -53,7 +53,7 @@ def test_direct_inference_is_refused_when_parties_send_embeddings(tmp_path: Path
 def test_equation_solving_recovers_a_linear_models_party_exactly(tmp_path: Path) -> None:
     # digits: 10 classes give 9 equations per row; 8 parties hold 8 pixels each, so a party's pixels are determined.
     d = tmp_path / "eq"
-    assert attack("feature-reconstruction", "--attack", "equation", "--dataset", "digits", "--parties", "8",
+    assert attack("feature-reconstruction", "--attack", "equation", "--device", "cpu", "--dataset", "digits", "--parties", "8",
                   "--hidden", "", "--head-hidden", "", "--dtype", "float64", "--epochs", "1", "--dir", str(d)) == 0
     s = summary(d)
     assert s["details"]["exact"] and s["details"]["unknowns"] == 8 and s["details"]["equations"] == 9
@@ -62,14 +62,14 @@ def test_equation_solving_recovers_a_linear_models_party_exactly(tmp_path: Path)
 
 
 def test_equation_solving_refuses_a_nonlinear_model(tmp_path: Path, capsys) -> None:
-    assert attack("feature-reconstruction", "--attack", "equation", "--dataset", "digits", "--parties", "8",
+    assert attack("feature-reconstruction", "--attack", "equation", "--device", "cpu", "--dataset", "digits", "--parties", "8",
                   "--epochs", "1", "--dir", str(tmp_path / "eq")) == 2
     assert "linear" in capsys.readouterr().err
 
 
 def test_grn_reconstruction_is_scored_against_baselines(tmp_path: Path) -> None:
     d = tmp_path / "grn"
-    assert attack("feature-reconstruction", "--attack", "grn", "--dataset", "breast_cancer", "--parties", "3",
+    assert attack("feature-reconstruction", "--attack", "grn", "--device", "cpu", "--dataset", "breast_cancer", "--parties", "3",
                   "--epochs", "2", "--grn-epochs", "5", "--rows", "100", "--dir", str(d)) == 0
     s = summary(d)
     assert s["details"]["target"] == "party2" and s["details"]["rows"] == 100
@@ -79,7 +79,7 @@ def test_grn_reconstruction_is_scored_against_baselines(tmp_path: Path) -> None:
 
 def test_model_completion_reports_every_n_with_baselines(tmp_path: Path) -> None:
     d = tmp_path / "mc"
-    assert attack("label-inference", "--attack", "model-completion", "--dataset", "digits", "--parties", "4",
+    assert attack("label-inference", "--attack", "model-completion", "--device", "cpu", "--dataset", "digits", "--parties", "4",
                   "--epochs", "2", "--known-labels", "10", "20", "--completion-epochs", "2", "--dir", str(d)) == 0
     s = summary(d)
     rows = s["by_known_labels"]
@@ -91,7 +91,7 @@ def test_model_completion_reports_every_n_with_baselines(tmp_path: Path) -> None
 
 def test_active_model_completion_compares_with_an_honest_run(tmp_path: Path) -> None:
     d = tmp_path / "amc"
-    assert attack("label-inference", "--attack", "active-model-completion", "--dataset", "digits", "--parties", "4",
+    assert attack("label-inference", "--attack", "active-model-completion", "--device", "cpu", "--dataset", "digits", "--parties", "4",
                   "--epochs", "1", "--known-labels", "20", "--completion-epochs", "1", "--no-baselines",
                   "--dir", str(d)) == 0
     s = summary(d)

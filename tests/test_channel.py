@@ -701,7 +701,7 @@ def test_start_of_run_says_how_keys_are_authenticated(flags: list[str], expected
     keys = generate_channel_keys(tmp_path / "keys", ["label", "party0", "party1"])
     flags = [f.replace("{keys}", str(keys)) for f in flags]
     rc = main(["train", "--algo", "vafl", "--dataset", "wine", "--parties", "2", "--epochs", "1", "--no-progress",
-               *flags, "--out", str(tmp_path / "run")])
+               "--device", "cpu", *flags, "--out", str(tmp_path / "run")])
     assert rc == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("secvfl: warning:")]
     assert len(warned) == len(expected)  # one line each, nothing about masking once the channel is on

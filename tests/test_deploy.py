@@ -246,14 +246,15 @@ def test_a_request_carries_arrays_tensors_and_specs_and_nothing_else() -> None:
 
 def test_protocols_not_yet_verified_across_processes_are_refused_before_training(tmp_path: Path) -> None:
     fed = load_federation(_federation(tmp_path, 3))
-    cfg = TrainConfig(algo="vafl", dataset="wine", parties=3, epochs=1,
+    cfg = TrainConfig(algo="vafl", dataset="wine", parties=3, epochs=1, device="cpu",
                       options={"privacy": "dp", "epsilon": 3.0, "dp_protect": "features"})
     with pytest.raises(UnsupportedError, match="cannot run the dp layer \\(feature DP .*run it in one process"):
         coordinate(fed, cfg, out=None, resume=None, timeouts=Timeouts(wait=5), log=lambda _: None)
-    channel = TrainConfig(algo="vafl", dataset="wine", parties=3, epochs=1, options={"secure_channel": True})
+    channel = TrainConfig(algo="vafl", dataset="wine", parties=3, epochs=1, device="cpu",
+                          options={"secure_channel": True})
     check_across_processes(build_run(channel, local="label"), fed)  # the secure channel is no longer refused
     with pytest.raises(Exception, match="--parties 2, but federation 'demo' has 3 feature parties; set --parties 3"):
-        coordinate(fed, TrainConfig(dataset="wine", parties=2, epochs=1), out=None, resume=None,
+        coordinate(fed, TrainConfig(dataset="wine", parties=2, epochs=1, device="cpu"), out=None, resume=None,
                    timeouts=Timeouts(wait=5), log=lambda _: None)
 
 
@@ -355,14 +356,15 @@ def test_a_malformed_identity_key_from_a_peer_process_is_refused_before_any_hand
 # -- real party processes -----------------------------------------------------------------------------------------
 def _launch(fed: Path, out: Path, *args: str, resume: bool = False, timeout: float = 400) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed),
-           "--resume" if resume else "--out", str(out), "--threads", "1", "--party-timeout", "60", *args]
+           "--resume" if resume else "--out", str(out), "--threads", "1", "--party-timeout", "60",
+           *(() if resume else ("--device", "cpu")), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 def _in_process(tmp: Path, *args: str) -> dict:
     from secvfl.cli.main import main
 
-    assert main(["train", "--out", str(tmp / "inproc"), "--no-progress", "--threads", "1", *args]) == 0
+    assert main(["train", "--out", str(tmp / "inproc"), "--no-progress", "--threads", "1", "--device", "cpu", *args]) == 0
     return json.loads((tmp / "inproc" / "summary.json").read_text())
 
 
@@ -444,7 +446,7 @@ def test_a_party_killed_mid_run_stops_the_run_with_its_name_and_the_run_resumes_
                   "8", "--seed", "1", *protocols)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed), "--out", str(run),
-           "--threads", "1", "--party-timeout", "60", "--peer-timeout", "5", *common]
+           "--threads", "1", "--party-timeout", "60", "--peer-timeout", "5", "--device", "cpu", *common]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -468,7 +470,10 @@ def test_a_party_killed_mid_run_stops_the_run_with_its_name_and_the_run_resumes_
     assert stopped_after < 5 + 15  # the peer timeout and the launcher's stop, not the 60 s party timeout
     assert not (run / "label" / "summary.json").exists()
 
-    resumed = _launch(fed, run, resume=True)
+    hint = [line for line in err.splitlines() if "`secvfl launch --resume" in line][-1].split("`")[1]
+    assert hint == f"secvfl launch --resume {run}"  # runs as printed: the launch directory names its federation
+    resumed = subprocess.run([sys.executable, "-m", "secvfl.cli.main", *hint.split()[1:]], capture_output=True,
+                             text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = json.loads((run / "label" / "summary.json").read_text())
     if "own-files" in protocols:
@@ -491,7 +496,8 @@ def test_laser_inference_goes_on_without_a_party_that_leaves_during_the_test(tmp
     fed = _federation(tmp_path / "fed", 3)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed), "--out", str(run),
-           "--threads", "1", "--party-timeout", "60", "--peer-timeout", "5", "--algo", "laser", "--dataset", "digits",
+           "--threads", "1", "--party-timeout", "60", "--peer-timeout", "5", "--device", "cpu", "--algo", "laser",
+           "--dataset", "digits",
            "--parties", "3", "--epochs", "2", "--seed", "2"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, LEAVE_AT_ENV: "party2:test"})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -49,11 +49,12 @@ from secvfl.algorithms.base import batch_ids
 from secvfl.cli.main import main
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError, UnsupportedError
+from secvfl.runlock import LOCK_FILE
 from secvfl.runner import KILL_AT_BATCH_ENV, run_training
 
 BATCH = 64
 COMMON = ["--dataset", "breast_cancer", "--parties", "2", "--batch-size", str(BATCH), "--hidden", "8",
-          "--head-hidden", "8", "--embedding-dim", "4", "--seed", "3", "--threads", "1", "--no-progress"]
+          "--head-hidden", "8", "--embedding-dim", "4", "--seed", "3", "--threads", "1", "--no-progress", "--device", "cpu"]
 GRADIENT = ["--algo", "splitnn", "--privacy", "dp", "--dp-mechanism", "gradient", "--epsilon", "3"]
 FEATURES = ["--algo", "vafl", "--privacy", "dp", "--dp-protect", "features", "--epsilon", "3"]
 TOO_MUCH = "finishing this run would spend epsilon"
@@ -117,7 +118,9 @@ def privacy(run: Path) -> dict:
 
 
 def snapshot(run: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    # (the run's lock file names the process holding it: each new process writes its id there)
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()
+            and p.name != LOCK_FILE}
 
 
 def check_reported(run: Path, processes: list[Process], per_epoch: int) -> None:
@@ -166,11 +169,11 @@ def test_kill_before_the_first_checkpoint_then_a_new_run_in_that_directory(tmp_p
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     run, argv = tmp_path / "run", [*COMMON, "--epochs", "2", *GRADIENT]
     killed(argv, run, at_batch=3)
-    code, error = train(["--resume", str(run), "--no-progress"], capsys)
-    assert code == 2 and "no checkpoint yet" in error
-    code, error = train([*argv, "--out", str(run)], capsys)  # what that message suggests: start afresh there
+    code, error = train(["--resume", str(run), "--no-progress"], capsys)  # resumes from the beginning, charged
+    assert code == 2 and TOO_MUCH in error and "epoch 1 released 2 times" in error and "remove" not in error
+    code, error = train([*argv, "--out", str(run)], capsys)  # the same run started again there: charged the same
     assert code == 2 and TOO_MUCH in error and "epoch 1 released 2 times" in error
-    code, error = train([*argv, "--out", str(run), "--dp-accept-epsilon", "4"], capsys)
+    code, error = train(["--resume", str(run), "--no-progress", "--dp-accept-epsilon", "4"], capsys)
     assert code == 0, error
     check_reported(run, [Process(0, 3), Process(0, 14)], 1)
 
@@ -231,7 +234,8 @@ def test_rr_prior_stage2_is_not_released_again_after_a_crash(tmp_path: Path) -> 
 
     args = build_parser().parse_args(["train", "--dataset", "digits", "--parties", "2", "--epochs", "2",
                                       "--batch-size", "256", "--hidden", "16", "--seed", "1", "--privacy", "dp",
-                                      "--dp-mechanism", "rr-prior", "--epsilon", "1", "--threads", "1"])
+                                      "--dp-mechanism", "rr-prior", "--epsilon", "1", "--threads", "1", "--device",
+                                      "cpu"])
     layers: list[DPLayer] = []
 
     def crash_in_stage_2(run) -> None:  # noqa: ANN001 - the runner's Run

@@ -115,3 +115,21 @@ def test_gradient_audit_matches_the_analysis_and_stays_below_the_claim() -> None
     # the canary sits at the analysed sensitivity: scores have the analysed noise scale
     assert r["score_std_world0"] == pytest.approx(r["expected_score_std"], rel=0.3)
     assert math.isfinite(r["canary_mu"])
+
+
+@pytest.mark.parametrize("epsilon, classes, grade", [(3.0, 2, "weak"), (1.0, 2, "moderate"), (0.3, 2, "strong"),
+                                                     (3.0, 10, "weak"), (1.0, 10, "strong")])
+def test_privacy_md_says_what_the_bound_means_for_a_person_once_in_plain_words(epsilon, classes, grade) -> None:
+    from protocols.dp.config import DPConfig, plan_dp
+    from protocols.dp.statement import privacy_markdown
+
+    plan = plan_dp(DPConfig(epsilon=epsilon, mechanism="rr"), n_train=1000, epochs=2, batch_size=64)
+    md = privacy_markdown(plan, secure_rng=True, n_classes=classes)
+    bound = math.exp(epsilon) / (math.exp(epsilon) + classes - 1)  # an independent reference: the RR keep rate
+    section = md.split("## What this means\n", 1)[1].split("\n## ", 1)[0]
+    assert md.count("What this means") == 1  # once: not repeated word for word after the statement
+    assert f"at most {bound:.3f}" in section and f"with probability {1 / classes:.3f}" in section
+    assert f"**{grade} protection**" in section
+    assert "Epsilon measures" in section  # the jargon explained
+    share = (bound - 1 / classes) / (1 - 1 / classes)
+    assert f"{share:.0%} of the way from a blind guess to certainty" in section

@@ -99,3 +99,38 @@ def test_rows_a_party_does_not_hold_never_train_its_model_under_feature_dp() -> 
         updated.append([p.detach().clone() for p in fp.model.parameters()])
     for a, b in zip(*updated, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+# -- the utility-collapse warning covers feature DP ------------------------------------------------------------------
+def test_chance_f1_is_the_macro_f1_of_always_predicting_the_majority_class() -> None:
+    import numpy as np
+    from sklearn.metrics import f1_score
+
+    from protocols.dp.collapse import chance_f1
+
+    rng = np.random.default_rng(0)
+    for y in (rng.integers(0, 2, 50) | (rng.random(50) < 0.6), rng.integers(0, 5, 300), np.array([1, 1, 1, 2])):
+        y = y.astype(np.int64)
+        constant = np.full_like(y, np.bincount(y).argmax())
+        assert chance_f1(y) == pytest.approx(f1_score(y, constant, average="macro", zero_division=0), abs=1e-12)
+
+
+def test_a_feature_dp_model_that_predicts_one_class_is_flagged_though_its_auc_clears_the_floor() -> None:
+    # `secvfl train --algo vafl --dataset credit --parties 4 --privacy dp --epsilon 3 --dp-protect features`: every
+    # test row predicted negative, f1_positive 0.0, AUC 0.64 (above the 0.55 floor) and no warning
+    import numpy as np
+
+    from protocols.dp.collapse import chance_accuracy, chance_f1, utility_collapse
+    from protocols.dp.config import DPConfig, plan_dp
+
+    y = np.r_[np.zeros(4673), np.ones(1327)].astype(np.int64)  # credit's test split: 22.1 % positive
+    plan = plan_dp(DPConfig(protects="features", epsilon=3.0), n_train=21600, epochs=10, batch_size=64)
+    chance, majority = chance_accuracy(y), chance_f1(y)
+    collapsed = {"accuracy": chance, "f1": majority, "f1_positive": 0.0, "auc": 0.64}
+    warning = utility_collapse(collapsed, chance, plan, 2, majority_f1=majority)
+    assert warning is not None and warning.startswith("WARNING: utility collapsed")
+    assert "predicts one class" in warning and "test AUC 0.640" in warning and "F1 of the positive class 0.000" in warning
+    assert "feature DP adds Gaussian noise" in warning and "--dp-parties" in warning
+    # a model that does predict both classes (credit without DP: f1 0.68, f1_positive 0.47) is not flagged
+    healthy = {"accuracy": 0.82, "f1": 0.68, "f1_positive": 0.47, "auc": 0.77}
+    assert utility_collapse(healthy, chance, plan, 2, majority_f1=majority) is None

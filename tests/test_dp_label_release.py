@@ -344,7 +344,7 @@ def test_collapse_thresholds() -> None:
 
 # -- kill -9 and --resume: the released labels come back, nothing is released twice -------------------------------------
 RESUME_FLAGS = ["--dataset", "wine", "--parties", "2", "--epochs", "4", "--batch-size", "64", "--privacy", "dp",
-                "--epsilon", "2", "--dp-reproducible", "--no-progress", "--threads", "1"]
+                "--epsilon", "2", "--dp-reproducible", "--no-progress", "--threads", "1", "--device", "cpu"]
 
 
 @pytest.mark.parametrize(

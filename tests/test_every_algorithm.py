@@ -36,7 +36,7 @@ def _majority(dataset: str, data_dir=None) -> float:
 
 
 def _train(algo: str, dataset: str, parties: int = PARTIES, data_dir=None) -> dict:
-    cfg = TrainConfig(algo=algo, dataset=dataset, parties=parties, seed=0,
+    cfg = TrainConfig(algo=algo, dataset=dataset, parties=parties, seed=0, device="cpu",
                       data_dir=str(data_dir) if data_dir is not None else None)
     return run_training(cfg, progress=False, log=lambda *_: None)
 

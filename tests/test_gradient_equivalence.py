@@ -32,7 +32,7 @@ def _grads_through_parties(run, ids):
 @pytest.mark.parametrize("p_miss", ["0", "0.3"])
 def test_gradients_equal_monolithic(algo, p_miss):
     cfg = TrainConfig(algo=algo, dataset="breast_cancer", parties=3, dtype="float64", hidden=(8,),
-                      embedding_dim=4, head_hidden=(6,), val_fraction=0, p_miss_train=p_miss)
+                      embedding_dim=4, head_hidden=(6,), val_fraction=0, p_miss_train=p_miss, device="cpu")
     run = build_run(cfg)
     a = run.algorithm
     bottoms = [copy.deepcopy(fp.model) for fp in a.feature_parties]

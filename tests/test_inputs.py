@@ -200,7 +200,7 @@ def test_all_problems_of_a_file_in_one_line_and_saved_runs_read_back(tmp_path: P
     assert str(err.value).count(" but --") == 3 and "\n" not in str(err.value)
     # A run's own config.toml (plugin flags in [options]) is a valid config file.
     assert main(["train", "--dataset", "wine", "--parties", "2", "--epochs", "1", "--hidden", "8,4",
-                 "--no-progress", "--out", str(tmp_path / "r")]) == 0
+                 "--no-progress", "--device", "cpu", "--out", str(tmp_path / "r")]) == 0
     ns = _parser()
     apply_config_file(ns, tmp_path / "r" / "config.toml")
     args = ns.parse_args([])
@@ -212,7 +212,7 @@ def test_a_dropped_column_is_one_warning_line(tmp_path: Path, capsys: pytest.Cap
     rows = ["a,empty,b,y"] + [f"{i},,{(i * 7) % 11},{i % 2}" for i in range(60)]
     (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
     assert main(["train", "--dataset", f"csv:{tmp_path / 't.csv'}", "--parties", "2", "--epochs", "1",
-                 "--no-progress", "--out", str(tmp_path / "r")]) == 0
+                 "--no-progress", "--device", "cpu", "--out", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if "warning" in line.lower()]
     assert warnings == ["secvfl: warning: t.csv: column(s) 'empty' have no value in the training split; dropped them "

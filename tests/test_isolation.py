@@ -53,6 +53,7 @@ import numpy as np
 import pytest
 import torch
 
+from secvfl.algorithms import settings_for
 from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError, PartyIsolationError
 from secvfl.messages import Message, decode, encode
@@ -60,7 +61,7 @@ from secvfl.runner import build_run
 
 
 def _run():
-    return build_run(TrainConfig(dataset="wine", parties=2, epochs=1, batch_size=16, val_fraction=0))
+    return build_run(TrainConfig(dataset="wine", parties=2, epochs=1, batch_size=16, val_fraction=0, device="cpu"))
 
 
 def test_party_refuses_a_message_handed_over_directly():
@@ -287,8 +288,8 @@ def _build(algo: str, protocols: dict[str, Any], parties: int = 3) -> Any:
     options = dict(protocols)
     if algo in _SADDLE:
         options["saddle_iters"] = 3  # isolation does not depend on how long it trains
-    cfg = TrainConfig(algo=algo, dataset="wine", parties=parties, epochs=2, batch_size=32, val_fraction=0.2,
-                      device="cpu", options=options)
+    cfg = TrainConfig(algo=algo, dataset="wine", parties=parties, epochs=2, val_fraction=0.2, device="cpu",
+                      options=options, **settings_for(algo, {"batch_size": 32}))
     try:
         return build_run(cfg)
     except ConfigError as exc:  # UnsupportedError included: a combination the run refuses is not covered

@@ -251,7 +251,7 @@ def test_a_secure_aggregation_is_refused_because_it_would_protect_nothing(option
     """LASER-VFL never sums through the network (traits: broadcast), so the secure aggregations refuse it."""
     from secvfl.runner import build_run
 
-    cfg = TrainConfig(algo="laser", dataset="breast_cancer", parties=3, epochs=1, options=options)
+    cfg = TrainConfig(algo="laser", dataset="breast_cancer", parties=3, epochs=1, device="cpu", options=options)
     with pytest.raises(UnsupportedError, match="would protect nothing"):
         build_run(cfg)
 

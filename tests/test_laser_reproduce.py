@@ -73,7 +73,7 @@ def test_predict_cli_with_a_subset_of_parties(tmp_path, capsys):
 
     run = tmp_path / "run"
     assert main(["train", "--algo", "laser", "--dataset", "digits", "--epochs", "2", "--lr", "0.01",
-                 "--p-miss-train", "0.3", "--out", str(run), "--no-progress"]) == 0
+                 "--p-miss-train", "0.3", "--device", "cpu", "--out", str(run), "--no-progress"]) == 0
     capsys.readouterr()
     out = tmp_path / "pred.csv"
     assert main(["predict", "--run", str(run), "--observed", "1,3", "--out", str(out)]) == 0
@@ -81,14 +81,19 @@ def test_predict_cli_with_a_subset_of_parties(tmp_path, capsys):
     assert report["observed"] == [1, 3] and report["absent"] == [0, 2]
     assert report["accuracy"] > 0.3  # 10 classes: chance is 0.1
     lines = out.read_text().splitlines()
-    assert lines[0] == "row,label,party1,party3" and len(lines) == report["rows"] + 1
+    assert lines[0].startswith("row,label,party1,party3,party1:p_0,") and len(lines) == report["rows"] + 1
+    for line in lines[1:]:  # each party's predicted class is the argmax of its predictor's probabilities
+        cells = line.split(",")
+        for k, party in enumerate((1, 3)):
+            proba = [float(v) for v in cells[4 + 10 * k:14 + 10 * k]]
+            assert int(cells[2 + k]) == proba.index(max(proba)), (party, line)
     # A party index that does not exist is a clear error, not a traceback.
     assert main(["predict", "--run", str(run), "--observed", "1,9"]) == 2
     assert "do not exist" in capsys.readouterr().err
     # Algorithms without per-subset predictors are refused.
     run2 = tmp_path / "run2"
     assert main(["train", "--algo", "splitnn", "--dataset", "digits", "--epochs", "1", "--out", str(run2),
-                 "--no-progress"]) == 0
+                 "--device", "cpu", "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["predict", "--run", str(run2), "--observed", "0"]) == 2
     assert "cannot predict with a subset" in capsys.readouterr().err

@@ -16,7 +16,7 @@ def _test_metrics(algo: str, dataset: str, data_dir=None, **options) -> tuple[di
     y = load_dataset(dataset, data_dir, seed=0).y_test
     majority = float(np.bincount(y).max() / len(y))
     cfg = TrainConfig(algo=algo, dataset=dataset, parties=4, seed=0, data_dir=None if data_dir is None else str(data_dir),
-                      options=options)
+                      device="cpu", options=options)
     return run_training(cfg, progress=False, log=lambda *_: None)["metrics"]["test"], majority
 
 

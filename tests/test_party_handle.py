@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from secvfl.algorithms import algorithm_names
+from secvfl.algorithms import algorithm_names, settings_for
 from secvfl.algorithms.missing.baselines import PredictorSpec
 from secvfl.config import TrainConfig
 from secvfl.errors import MessageError, UnsupportedError
@@ -118,7 +118,8 @@ def _swap(obj: Any, swap: Callable[[LocalHandle], Any], parties: set[type], seen
 
 def _config(algo: str, protocols: dict[str, Any]) -> TrainConfig:
     options = {"saddle_iters": 3, **protocols} if algo in _SADDLE - {"eg-mlp"} else dict(protocols)
-    return TrainConfig(algo=algo, dataset="wine", parties=3, epochs=2, batch_size=32, val_fraction=0.2, seed=3,
+    return TrainConfig(algo=algo, dataset="wine", parties=3, epochs=2, val_fraction=0.2, seed=3,
+                       **settings_for(algo, {"batch_size": 32}),
                        p_miss_train=0.0 if algo in _SADDLE else 0.3, device="cpu", options=options)
 
 

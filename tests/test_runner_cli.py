@@ -21,7 +21,7 @@ from secvfl.runner import build_run, run_training
 
 
 def _cfg(**kw):
-    base = dict(dataset="breast_cancer", parties=3, epochs=4, batch_size=32, embedding_dim=8)
+    base = dict(dataset="breast_cancer", parties=3, epochs=4, batch_size=32, embedding_dim=8, device="cpu")
     base.update(kw)
     return TrainConfig(**base)
 
@@ -87,7 +87,7 @@ def test_same_seed_same_result():
 
 def test_config_file_and_flags(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('dataset = "wine"\nparties = 2\nepochs = 1\nhidden = [8]\n')
+    cfg.write_text('dataset = "wine"\nparties = 2\nepochs = 1\nhidden = [8]\ndevice = "cpu"\n')
     assert main(["train", "--config", str(cfg), "--epochs", "2", "--no-progress", "--out", str(tmp_path / "r")]) == 0
     saved = (tmp_path / "r" / "config.toml").read_text()
     assert 'dataset = "wine"' in saved and "epochs = 2" in saved and "hidden = [\n    8," in saved
@@ -106,6 +106,7 @@ def test_user_mistakes_give_one_clear_line(argv, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.auto_device  # the README's main job, on whatever device --device auto picks
 def test_console_script_runs_and_saves_into_a_fresh_run_directory(tmp_path):
     # without --out, the main job saves into runs/<algo>-<dataset>-<date>-<time> and says where
     out = subprocess.run([sys.executable, "-m", "secvfl.cli.main", "train", "--dataset", "wine", "--epochs", "1",
@@ -122,7 +123,7 @@ def test_console_script_runs_and_saves_into_a_fresh_run_directory(tmp_path):
 
 # -- run directories, resume, training guards (issue 13) ----------------------------------------------------------
 SMALL = ["--dataset", "wine", "--parties", "2", "--hidden", "8", "--head-hidden", "8", "--embedding-dim", "4",
-         "--batch-size", "32", "--seed", "1"]
+         "--batch-size", "32", "--seed", "1", "--device", "cpu"]
 
 
 def _train(*argv: str | Path) -> int:
@@ -231,7 +232,8 @@ def test_the_previous_checkpoint_is_kept_and_a_crash_before_the_commit_leaves_it
 
 @pytest.fixture(scope="module")
 def two_epoch_run(tmp_path_factory):
-    cfg = TrainConfig(dataset="wine", parties=2, epochs=2, hidden=(8,), head_hidden=(8,), embedding_dim=4)
+    cfg = TrainConfig(dataset="wine", parties=2, epochs=2, hidden=(8,), head_hidden=(8,), embedding_dim=4,
+                      device="cpu")
     run_dir = tmp_path_factory.mktemp("checkpointed") / "r"
     run_training(cfg, out=run_dir, progress=False, log=lambda *_: None)
     return run_dir, build_run(cfg)
@@ -274,13 +276,16 @@ def test_a_damaged_byte_in_the_checksum_field_name_is_refused(two_epoch_run):
             load_checkpoint(copy, run)
 
 
-def test_resume_without_a_checkpoint_says_how_to_start_afresh(tmp_path, capsys):
+def test_resume_without_a_checkpoint_starts_the_run_again_from_its_beginning(tmp_path, capsys):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    (run_dir / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 2\n')
-    assert _train("--resume", run_dir) == 2
-    err = capsys.readouterr().err
-    assert "no checkpoint yet" in err and f"remove {run_dir} or pass another --out" in err
+    (run_dir / "config.toml").write_text('dataset = "wine"\nparties = 2\nepochs = 2\ndevice = "cpu"\n')  # killed in its first epoch
+    assert _train("--resume", run_dir) == 0
+    assert "from its beginning" in capsys.readouterr().out
+    fresh = run_training(TrainConfig(dataset="wine", parties=2, epochs=2, device="cpu"), out=tmp_path / "fresh", progress=False,
+                         log=lambda *_: None)
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["metrics"]["test"] == fresh["metrics"]["test"] and resumed["comm"] == fresh["comm"]
 
 
 def test_redirected_output_gets_one_line_per_epoch_and_no_bar(tmp_path, capsys):
@@ -350,7 +355,9 @@ def test_default_run_directories_never_collide(tmp_path):
     assert second != first and second.name.startswith(first.name[:len("splitnn-breast_cancer-")])
 
 
-@pytest.mark.parametrize("algo, flag", [("splitnn", "--lr"), ("vimadmm", "--vim-lr"), ("dlr", "--online-lr")])
+@pytest.mark.parametrize("algo, flag", [("splitnn", "--lr"), ("vimadmm", "--vim-lr"), ("dlr", "--online-lr"),
+                                        ("eg", "--saddle-step-mult"), ("gd", "--saddle-step-mult"),
+                                        ("nesterov", "--saddle-step-mult"), ("eg-mlp", "--lr")])
 def test_a_diverged_run_names_the_step_size_flag_its_algorithm_uses(algo: str, flag: str) -> None:
     from secvfl.runner import _diverged, build_run
 
@@ -359,3 +366,29 @@ def test_a_diverged_run_names_the_step_size_flag_its_algorithm_uses(algo: str, f
     assert name == flag and value > 0
     text = str(_diverged(run.algorithm.step_size(), None, 0, 3, float("nan")))
     assert f"({flag} {value:g})" in text and f"smaller {flag} (e.g. {value / 10:g})" in text
+
+
+def test_a_diverged_run_blames_no_step_size_when_the_data_are_not_finite_or_no_flag_sets_it() -> None:
+    from secvfl.runner import _diverged, _non_finite_inputs, build_run
+
+    run = build_run(TrainConfig(algo="splitnn", dataset="wine", epochs=1, device="cpu"))
+    assert _non_finite_inputs(run) == 0
+    run.ctx.data.X_train[3, 1] = float("inf")  # what a column of +-1e308 becomes once standardised
+    run.ctx.data.X_train[5, 2] = float("nan")
+    cells = _non_finite_inputs(run)
+    assert cells == 2
+    text = str(_diverged(run.algorithm.step_size(), None, 0, 3, float("nan"), cells))
+    assert "2 non-finite value(s)" in text and "--lr" not in text
+    admm = build_run(TrainConfig(algo="admm", dataset="wine", epochs=1, device="cpu"))
+    assert admm.algorithm.step_size() is None
+    text = str(_diverged(admm.algorithm.step_size(), None, 0, None, float("inf")))
+    assert "--lr" not in text and "step sizes follow from the problem" in text
+    eg = build_run(TrainConfig(algo="eg", dataset="wine", epochs=1, device="cpu"))
+    assert eg.algorithm.step_size() == ("--saddle-step-mult", 1.0)
+
+
+def test_an_online_run_names_its_block_score_prequential(tmp_path, capsys) -> None:
+    assert main(["train", "--algo", "dlr", "--dataset", "wine", "--parties", "2", "--epochs", "1", "--no-progress",
+                 "--device", "cpu", "--out", str(tmp_path / "r")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 1/1")]
+    assert len(lines) == 1 and " prequential accuracy " in lines[0] and " val " not in lines[0]

@@ -28,7 +28,7 @@ EPOCHS = {"breast_cancer": 2, "wine": 20}
 
 
 def _cfg(algo: str, options: dict | None = None, dataset: str = "breast_cancer") -> TrainConfig:
-    return TrainConfig(algo=algo, dataset=dataset, parties=3, epochs=EPOCHS[dataset], seed=3,
+    return TrainConfig(device="cpu", algo=algo, dataset=dataset, parties=3, epochs=EPOCHS[dataset], seed=3,
                        options=dict(options or {}))
 
 
@@ -230,12 +230,12 @@ def test_secure_channel_with_pinned_key_directory(tmp_path) -> None:
 def test_cli_train_with_he_ckks(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     rc = main(["train", "--algo", "vafl", "--dataset", "breast_cancer", "--parties", "3", "--epochs", "1",
-               "--he", "ckks", "--ckks-params", "compact", "--out", str(out), "--no-progress"])
+               "--he", "ckks", "--ckks-params", "compact", "--device", "cpu", "--out", str(out), "--no-progress"])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["protocols"]["aggregation"]["aggregation"] == "ckks"
     assert summary["he"]["sums_delivered"] > 0
     rc = main(["train", "--algo", "vafl", "--dataset", "breast_cancer", "--he", "ckks", "--secagg", "mask",
-               "--no-progress"])
+               "--device", "cpu", "--no-progress"])
     assert rc == 2
     assert "cannot be combined" in capsys.readouterr().err

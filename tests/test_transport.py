@@ -32,7 +32,7 @@ def test_layers_run_like_an_onion():
 
 
 def test_byte_accounting_is_exact_for_a_training_run():
-    cfg = TrainConfig(dataset="breast_cancer", parties=3, epochs=1, batch_size=32, embedding_dim=8, val_fraction=0)
+    cfg = TrainConfig(device="cpu", dataset="breast_cancer", parties=3, epochs=1, batch_size=32, embedding_dim=8, val_fraction=0)
     run = build_run(cfg)
     sizes = []
     put = run.net.transport.put

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import numpy as np
 import pytest
@@ -22,8 +23,8 @@ LR, BETA, MOMENTUM, STEPS = 0.05, 0.005, 0.9, 3
 
 
 def _config(algo: str, **kw) -> TrainConfig:
-    # the step size is given: the reference below computes with LR, whatever the algorithm's default
-    options = {"vim_lr": LR, **({"vim_local_steps": STEPS} if algo != "vimsgd" else {})}
+    # the step size and weight decay are given: the reference below computes with LR and BETA, whatever the defaults
+    options = {"vim_lr": LR, "vim_beta": BETA, **({"vim_local_steps": STEPS} if algo != "vimsgd" else {})}
     options.update(kw.pop("options", {}))
     base = dict(algo=algo, dataset="wine", parties=2, epochs=1, batch_size=1000, val_fraction=0.2, seed=1,
                 dtype="float64", device="cpu", options=options)
@@ -155,6 +156,38 @@ def test_local_steps_restart_momentum_and_halve_the_step_when_the_objective_blow
         buf = 0.9 * buf + a * q
         q -= lr * buf
     assert a / 2 * q * q > 1e6 * start
+
+
+def test_local_steps_undo_a_step_that_blows_the_objective_up() -> None:
+    """f(p) = a/2 p^2 with lr * a = 50, far beyond what any data set's curvature allows at the default step size: each
+    blown-up step is undone (the parameters go back to where the objective was last measured) and the step halved,
+    until it is small enough; the round ends below its start. Halving without undoing, as a party did before, keeps
+    every overshoot: the round ends more than 10^6 times above its start."""
+    a, lr = 2.0, 25.0
+    p = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+    opt = torch.optim.SGD([p], lr=lr, momentum=0.9)
+    steps = _LocalSteps(opt)
+    for _ in range(20):
+        opt.zero_grad()
+        value = a / 2 * (p ** 2).sum()
+        value.backward()
+        steps.step(float(value.detach()))
+    steps.restore()
+    assert a / 2 * float(p.detach()) ** 2 < 1e-3 * (a / 2)
+    assert steps.rejected >= 4 and opt.param_groups[0]["lr"] == pytest.approx(lr)  # 25 -> 1.56 < 2/a takes 4 halvings
+
+    q, buf, step = 1.0, 0.0, lr  # halving (and resetting the momentum) without undoing, as before
+    previous = math.inf
+    for _ in range(20):
+        value = a / 2 * q * q
+        if value > previous:
+            buf = 0.0
+            if value - previous > abs(previous):
+                step *= 0.5
+        previous = value
+        buf = 0.9 * buf + a * q
+        q -= step * buf
+    assert a / 2 * q * q > 1e6 * (a / 2)
 
 
 @pytest.mark.parametrize("joint", [False, True])

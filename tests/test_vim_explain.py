@@ -21,7 +21,7 @@ from secvfl.experiments.vim import bytes_to_target, summary_sets
 from secvfl.transport.network import Network
 
 BLOCK = 4  # columns per party
-# vimadmm-j diverges at its default 0.05 on this set (as vimadmm does on MNIST: BENCHMARKS.md, "VIM (issue 16)")
+# vimadmm-j diverges at its default 0.05 on this set (as vimadmm does on MNIST: BENCHMARKS.md, "VIM")
 LR = {"vimadmm": 0.05, "vimadmm-j": 0.02, "vimsgd": 0.3}
 
 

@@ -91,7 +91,9 @@ def test_label_dp_by_randomized_response_trains_on_the_released_labels_and_accou
 
 
 @pytest.mark.parametrize("algo, compress", [("vimadmm", {"compress": "topk:0.1+ef"}),
-                                            ("vimadmm-j", {"compress": "topk:0.2"}),
+                                            # (a sparsifier on vimadmm-j's logits is refused: the z-update needs
+                                            # every row's sum)
+                                            ("vimadmm-j", {"compress": "quant:4"}),
                                             ("vimsgd", {"compress": "topk:0.1+ef"})])
 def test_compression_acts_on_both_directions(algo: str, compress: dict) -> None:
     dense = run_training(_cfg(algo), **_QUIET)

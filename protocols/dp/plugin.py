@@ -45,7 +45,7 @@ import torch
 
 from protocols.dp.alibi import alibi_soft_labels
 from protocols.dp.choice import choose_mechanism
-from protocols.dp.collapse import chance_accuracy, utility_collapse
+from protocols.dp.collapse import chance_accuracy, chance_f1, utility_collapse
 from protocols.dp.config import LABEL_RELEASE_MECHANISMS, DPConfig, DPPlan, plan_dp
 from protocols.dp.feature_dp import FeatureDP
 from protocols.dp.label_dp import LabelDPRule
@@ -70,6 +70,7 @@ from secvfl.io import write_json_atomic
 from secvfl.messages import Message
 from secvfl.parties import ProtocolHooks
 from secvfl.plugins import ProtocolPlugin, ProtocolSetup
+from secvfl.runlock import resume_command
 from secvfl.transport.layers import AlgorithmTraits, Layer, Role, Topology
 
 if TYPE_CHECKING:
@@ -461,11 +462,12 @@ class DPPlugin(ProtocolPlugin):
                 s["train_loss"] = f"kept by the label party ({PARTY_DIRS}/{layer.topology.label_party}/{keeper.FILE})"
             return {"privacy": s}
 
-        chance = chance_accuracy(ctx.data.y_test)
+        chance, majority_f1 = chance_accuracy(ctx.data.y_test), chance_f1(ctx.data.y_test)
         warnings: list[str] = []
 
         def check_utility(run_summary: dict[str, Any]) -> None:
-            warning = utility_collapse(run_summary.get("metrics", {}).get("test", {}), chance, plan, n_classes)
+            warning = utility_collapse(run_summary.get("metrics", {}).get("test", {}), chance, plan, n_classes,
+                                       majority_f1=majority_f1)
             if warning:
                 warnings.append(warning)
                 run_summary.setdefault("privacy", {})["utility_warning"] = warning
@@ -538,7 +540,10 @@ def _check_budget(layer: DPLayer, limit: float, run_dir: Path | None, trained: i
         return
     repeats = ", ".join(f"{name} released {n} times" for name, n in repeated_releases(entries + future).items())
     allow = math.ceil(finish * 1000) / 1000
-    how = (f"`secvfl train --resume {run_dir} --dp-accept-epsilon {allow:g}`" if trained else
+    # a directory that already holds this run's config.toml continues with --resume, from a checkpoint or (killed in
+    # its first epoch) from its beginning
+    resumable = run_dir is not None and (Path(run_dir) / "config.toml").is_file()
+    how = (f"`{resume_command(run_dir, '--dp-accept-epsilon', f'{allow:g}')}`" if resumable else
            f"the same command with --dp-accept-epsilon {allow:g}")
     raise ConfigError(
         f"differential privacy: finishing this run would spend epsilon {finish:.4g}, more than its budget of "

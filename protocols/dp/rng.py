@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from secvfl.device import to_device
 from secvfl.errors import ConfigError
 
 __all__ = ["NoiseSource", "SecureNoise", "SeededNoise", "make_noise_source"]
@@ -123,7 +124,10 @@ class NoiseSource(ABC):
     def add_gaussian(self, tensor: torch.Tensor, std: float) -> torch.Tensor:
         """``tensor + N(0, std**2 I)``: added in float64, rounded once to ``tensor``'s dtype (see module notes)."""
         noise = self.normal(tensor.shape, std, torch.float64)
-        return (tensor.detach().to(torch.float64).cpu() + noise).to(dtype=tensor.dtype, device=tensor.device)
+        if tensor.is_cpu:
+            return (tensor.detach().to(torch.float64) + noise).to(dtype=tensor.dtype)
+        # on a GPU the noise goes to the tensor (no host wait) and is added there: the same float64 sum, rounded once
+        return (tensor.detach().to(torch.float64) + to_device(noise, tensor.device)).to(dtype=tensor.dtype)
 
     # -- streams -----------------------------------------------------------------------------------------------
     @abstractmethod

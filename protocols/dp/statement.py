@@ -23,6 +23,7 @@ __all__ = [
     "inference_bound",
     "inference_bound_words",
     "inference_markdown",
+    "protection_words",
     "stream_markdown",
 ]
 
@@ -98,9 +99,12 @@ def privacy_statement(
     n_classes: int | None = None,
     released: dict[str, Any] | None = None,
     train_loss: str | None = None,
+    what_it_means: bool = True,
 ) -> str:
     """One paragraph in plain words. ``released``: the mechanism's account of what it released (rr-prior's stages);
-    ``train_loss``: where the label party keeps a training loss computed from the true labels (gradient mechanism)."""
+    ``train_loss``: where the label party keeps a training loss computed from the true labels (gradient mechanism);
+    ``what_it_means``: end the guarantee with the attacker's bound ("What this means: ..."; PRIVACY.md gives it a
+    section of its own instead)."""
     eps, delta = plan.epsilon, plan.delta
     algo = f" ({algorithm})" if algorithm else ""
     if plan.config.stream:
@@ -144,7 +148,9 @@ def privacy_statement(
             "parties' features."
         )
     if plan.protects == "labels":
-        text += " " + inference_bound_words(plan, n_classes or 2) + " " + _loss_words(plan, train_loss)
+        if what_it_means:
+            text += " " + inference_bound_words(plan, n_classes or 2)
+        text += " " + _loss_words(plan, train_loss)
     if plan.config.auto_reason:
         text += (f" Mechanism chosen by --dp-mechanism auto (the default): {MECHANISM_WORDS[plan.mechanism]}, because "
                  f"{plan.config.auto_reason}.")
@@ -275,10 +281,57 @@ def inference_bound_words(plan: DPPlan, n_classes: int) -> str:
             f"that label correctly with probability at most {formula}{plus} = {bound:.3f} (chance: {1 / k:.3f}).")
 
 
+# How much of the way from a blind guess to certainty the guarantee lets an attacker go (the bound's share of the gap
+# between chance and 1), and the words for it. Binary labels: epsilon 0.5 -> 0.24 (strong), 1 -> 0.46 (moderate),
+# 3 -> 0.91 (weak); ten classes: epsilon 1 -> 0.15, 3 -> 0.66.
+_PROTECTION_WORDS = ((0.25, "strong"), (0.6, "moderate"), (1.01, "weak"))
+
+
+def protection_words(plan: DPPlan, n_classes: int) -> str:
+    """A plain-words reading of the guarantee for one person, jargon explained (PRIVACY.md, "What this means")."""
+    k = max(int(n_classes), 2)
+    eps, delta = plan.epsilon, plan.delta
+    chance = 1 / k
+    bound = inference_bound(eps, k, delta)
+    share = (bound - chance) / (1 - chance)
+    grade = next(word for limit, word in _PROTECTION_WORDS if share < limit)
+    what = "label (the answer the model learns to predict, e.g. whether a customer defaulted)"
+    if plan.protects != "labels":
+        what = "row of features (the values a feature party holds about them)"
+        question = ("whether a person's row is one value or another, for any two values (say, a high or a low "
+                    "balance)")
+    elif k == 2:
+        question = "a person's label"
+    else:
+        question = f"a person's label, one of {k} classes"
+    delta_words = (f" Delta = {_num(delta)} is a small probability with which the guarantee may fail outright; it "
+                   "should be well below one over the number of people in the data." if delta else "")
+    return (
+        f"Each person's {what} is what is protected. Imagine an attacker who knows everything about the training "
+        f"data except {question}, and who sees everything this run released: the messages the other parties received "
+        f"and the trained model. Guessing blindly, they would be right with probability {chance:.3f}. "
+        f"Differential privacy with epsilon = {_num(eps)} limits how much the run can improve that guess: they are "
+        f"right with probability at most {bound:.3f}. Epsilon measures how much one person's data can change what "
+        "the run releases: at most a factor e^epsilon in the probability of any outcome, so smaller is more private."
+        f"{delta_words}\n\nFor one person that is **{grade} protection**: the guarantee allows an attacker to go "
+        f"{share:.0%} of the way from a blind guess to certainty. "
+        + {"strong": "The run's outputs say little about any one person's data.",
+           "moderate": "An attacker learns something about each person, far from certainty.",
+           "weak": (f"An attacker may be nearly sure of {question}; the protection is that they can never be "
+                    "certain, and that every person has it. Use a smaller epsilon (1 or less) where single "
+                    "individuals must stay hidden, at a cost in accuracy.")}[grade]
+    )
+
+
 def inference_markdown(plan: DPPlan, n_classes: int) -> str:
-    """PRIVACY.md's section "What an attacker can still infer": the bound, and measured attacks on this mechanism."""
+    """PRIVACY.md's sections "What this means" (plain words) and "What an attacker can still infer": the bound and the
+    attacks measured against this mechanism."""
     k = max(n_classes, 2)
-    lines = ["## What an attacker can still infer", "", inference_bound_words(plan, k)]
+    lines = ["## What this means", "", protection_words(plan, k), "", "## What an attacker can still infer", ""]
+    bound = inference_bound(plan.epsilon, k, plan.delta)
+    formula = "e^eps / (1 + e^eps)" if k == 2 else f"e^eps / (e^eps + {k - 1})"
+    lines.append(f"The most often any attacker names one training label correctly, from a uniform guess: "
+                 f"{formula}{' + delta' if plan.delta else ''} = {bound:.3f} (chance: {1 / k:.3f}).")
     if k == 2:
         lines[-1] += (" The same number bounds the ROC AUC of any label-inference attack on a training label "
                       "(the area under the best ROC curve epsilon-DP allows).")
@@ -307,12 +360,15 @@ def inference_markdown(plan: DPPlan, n_classes: int) -> str:
 def privacy_markdown(plan: DPPlan, *, secure_rng: bool, seed: int | None = None, **kw: Any) -> str:
     """``PRIVACY.md``: the statement, what an attacker can still infer, and the machine-readable parameters."""
     summary = privacy_summary(plan, secure_rng=secure_rng)
-    infer = "\n" + inference_markdown(plan, kw.get("n_classes") or 2) if plan.protects == "labels" else ""
+    if plan.protects == "labels":
+        infer = "\n" + inference_markdown(plan, kw.get("n_classes") or 2)
+    else:
+        infer = "\n## What this means\n\n" + protection_words(plan, 2) + "\n"
     if plan.config.stream:
         infer += "\n" + stream_markdown(plan)
     return (
         "# Privacy statement\n\n"
-        + privacy_statement(plan, secure_rng=secure_rng, seed=seed, **kw)
+        + privacy_statement(plan, secure_rng=secure_rng, seed=seed, what_it_means=False, **kw)
         + "\n" + infer
         + "\n## Parameters\n\n```json\n"
         + json.dumps(summary, indent=2)

@@ -7,12 +7,14 @@ Each family in :data:`FAMILIES` (a module, or a package under ``secvfl/algorithm
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from typing import Any
 
 from secvfl.algorithms.base import LABEL_PARTY, Algorithm, RunContext, batch_ids, feature_party_names
 from secvfl.registry import Registry
 
 __all__ = ["ALGORITHMS", "FAMILIES", "Algorithm", "RunContext", "batch_ids", "feature_party_names", "LABEL_PARTY",
-           "get_algorithm", "algorithm_names"]
+           "get_algorithm", "algorithm_names", "settings_for"]
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 
@@ -45,3 +47,10 @@ def get_algorithm(name: str) -> type[Algorithm]:
 def algorithm_names() -> list[str]:
     _load()
     return ALGORITHMS.names()
+
+
+def settings_for(algo: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` (TrainConfig fields) without those ``algo`` does not read (``Algorithm.unused_settings``, which
+    TrainConfig refuses): for code that builds several algorithms from one set of settings (sweeps, tests)."""
+    unused = get_algorithm(algo).unused_settings
+    return {k: v for k, v in settings.items() if k not in unused}

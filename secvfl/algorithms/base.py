@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -92,6 +92,12 @@ class Algorithm(ABC):
     traits: ClassVar[AlgorithmTraits]
     # The algorithm family's own options (secvfl.options), read with ``self.cfg.options_for(type)``; None: none.
     options_type: ClassVar[type[Options] | None] = None
+    # Core settings (TrainConfig fields) this algorithm does not read, each with what sets it instead: given with a
+    # value other than their default they are refused, in one line, before anything is loaded (TrainConfig), as an
+    # algorithm family's option given for another algorithm is.
+    unused_settings: ClassVar[Mapping[str, str]] = {}
+    # What evaluate("val") measures, as the per-epoch log line names it.
+    val_name: ClassVar[str] = "val"
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         self.ctx = ctx
@@ -117,8 +123,9 @@ class Algorithm(ABC):
         n = self.ctx.rows("train")
         return -(-n // self.cfg.batch_size)
 
-    def step_size(self) -> tuple[str, float]:
-        """The flag that sets this algorithm's step size and its value (a diverged run names it)."""
+    def step_size(self) -> tuple[str, float] | None:
+        """The flag that sets this algorithm's step size and its value (a diverged run names it); None when no flag
+        sets it (the step sizes come from the problem)."""
         return "--lr", self.cfg.lr
 
     def protocol_hooks(self) -> ProtocolHooks:

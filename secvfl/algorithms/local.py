@@ -24,6 +24,7 @@ from secvfl.algorithms.base import (
     batch_ids,
     feature_party_names,
 )
+from secvfl.device import index_tensor, to_device
 from secvfl.handles import LocalHandle, PartyHandle, request
 from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
@@ -54,13 +55,13 @@ class LocalParty:
 
     def receive_labels(self, message: Message) -> None:
         require_wire(message, self.name)
-        self._y[message.meta["split"]] = message.tensor("labels").to(self.device)
+        self._y[message.meta["split"]] = to_device(message.tensor("labels"), self.device)
 
     def own_rows(self, split: str) -> np.ndarray:
         return np.flatnonzero(self._observed[split])
 
     def train_batch(self, ids: np.ndarray) -> float:
-        idx = torch.as_tensor(ids, device=self.device)
+        idx = index_tensor(ids, self.device)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model(self._x["train"][idx]), self._y["train"][idx])
@@ -79,7 +80,7 @@ class LocalParty:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self._y = dict(state["labels"])
+        self._y = {split: y.to(self.device) for split, y in state["labels"].items()}  # (a checkpoint loads on the CPU)
 
 
 class LocalPartyHandle(LocalHandle):
@@ -113,13 +114,16 @@ class Local(Algorithm):
         n_out = output_dim(data.n_classes)
         self.local_handles: list[LocalPartyHandle] = []
         for k, name in enumerate(feature_party_names(part.n_blocks)):
-            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), cfg.embedding_dim, list(cfg.hidden), part.block_shapes[k])
+            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), cfg.embedding_dim, list(cfg.hidden), part.block_shapes[k],
+                                 channels=part.channels)
             model = nn.Sequential(bottom, nn.ReLU(), MLP(cfg.embedding_dim, list(cfg.head_hidden), n_out))
+            model = model.to(device=ctx.device, dtype=ctx.dtype)  # before its optimiser (fused kernels on CUDA)
             blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
             observed = {s: ctx.masks[s][:, k] for s in ("train", "val", "test")}
             self.local_handles.append(LocalPartyHandle(LocalParty(
                 name, blocks, observed, model, data.n_classes,
-                make_optimizer(model.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay), ctx.device, ctx.dtype,
+                make_optimizer(model.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay, device=ctx.device),
+                ctx.device, ctx.dtype,
             ), net))
         self._labels = {s: getattr(data, f"y_{s}") for s in ("train", "val", "test")}  # the label party's own
         self._shared = False

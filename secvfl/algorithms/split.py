@@ -28,6 +28,7 @@ from secvfl.algorithms.base import (
     RunContext,
     feature_party_names,
 )
+from secvfl.device import to_device
 from secvfl.handles import FeatureHandle, LabelHandle
 from secvfl.models import ConcatHead, MeanHead, SumHead, make_bottom, output_dim
 from secvfl.parties import FeatureParty, LabelParty, make_optimizer
@@ -51,19 +52,23 @@ class _SplitBase(FeatureLabelAlgorithm):
         # handle (one way to train, checkpoint and test, whichever process a party is in).
         self.feature_handles: list[FeatureHandle] = []
         for k, name in enumerate(feature_party_names(part.n_blocks)):
-            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), out_dim, list(cfg.hidden), part.block_shapes[k])
+            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), out_dim, list(cfg.hidden), part.block_shapes[k],
+                                 channels=part.channels)
+            bottom = bottom.to(device=ctx.device, dtype=ctx.dtype)  # before its optimiser (fused kernels on CUDA)
             blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
             self.feature_handles.append(FeatureHandle(
                 FeatureParty(
-                    name, blocks, bottom, make_optimizer(bottom.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay),
+                    name, blocks, bottom, make_optimizer(bottom.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay,
+                                                         device=ctx.device),
                     device=ctx.device, dtype=ctx.dtype, output_kind=self.output_kind,
                     observed={s: ctx.masks[s][:, k] for s in ("train", "val", "test")},
                 ), net,
             ))
-        head = self.make_head(out_dim, n_out)
+        head = self.make_head(out_dim, n_out).to(device=ctx.device, dtype=ctx.dtype)
         labels = {s: getattr(data, f"y_{s}") for s in ("train", "val", "test")}
         self.label_handle = LabelHandle(LabelParty(
-            LABEL_PARTY, labels, head, make_optimizer(head.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay),
+            LABEL_PARTY, labels, head, make_optimizer(head.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay,
+                                                      device=ctx.device),
             data.n_classes, device=ctx.device, dtype=ctx.dtype, input_kind=self.output_kind,
         ), net)
         self.names = [h.name for h in self.feature_handles]
@@ -94,7 +99,7 @@ class _SplitBase(FeatureLabelAlgorithm):
             return None
         columns = [self.names.index(n) for n in (self.names if present is None else present)]
         counts = self.ctx.masks[split][ids][:, columns].sum(axis=1).clip(min=1)
-        return torch.as_tensor(1.0 / counts, dtype=self.ctx.dtype, device=self.ctx.device)[:, None]
+        return to_device(torch.as_tensor(1.0 / counts), self.ctx.device, self.ctx.dtype)[:, None]
 
     def _forward_all(self, split: str, ids: np.ndarray, train: bool) -> list[str]:
         """Every feature party sends its output on rows ``ids`` to the label party, which takes them from the
@@ -175,13 +180,21 @@ class VAFL(_SplitBase):
         return MeanHead(out_dim, list(self.cfg.head_hidden), n_out)
 
 
+# FDML's AlgorithmTraits.exact_outputs (`secvfl train --algo fdml --compress SPEC`, defaults)
+_FDML_EXACT_LOGITS = ("each party's output is its share of every row's logits, added into the prediction, so a "
+                      "sparsifier drops whole rows' logits (top-k) or multiplies their error by n/k (rand-k), and "
+                      "per-batch outputs keep no error-feedback memory (topk:0.1+ef: digits 0.31 test accuracy against "
+                      "0.94, breast_cancer 0.70); compress the backward direction only (--compress-backward "
+                      "topk:0.1+ef: breast_cancer 0.95) or use a codec (quant:8, fp16)")
+
+
 @ALGORITHMS.register("fdml")
 class FDML(_SplitBase):
     """FDML-style: each bottom model outputs logits; the prediction is their sum (plus a bias at the label party)."""
 
     name = "fdml"
     output_kind = "logits"
-    traits = AlgorithmTraits("fdml", "sum", forward_kinds=("logits",))
+    traits = AlgorithmTraits("fdml", "sum", forward_kinds=("logits",), exact_outputs=_FDML_EXACT_LOGITS)
 
     def make_head(self, out_dim: int, n_out: int) -> torch.nn.Module:
         return SumHead(n_out)

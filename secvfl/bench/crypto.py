@@ -295,7 +295,7 @@ def mnist_epoch_hook(args: argparse.Namespace) -> dict[str, Any]:
         for name, (options, threads) in variants.items():
             cfg = TrainConfig(algo="vafl", dataset=dataset, data_dir=getattr(args, "data_dir", None), parties=4,
                               epochs=1, batch_size=256, hidden=(256,), embedding_dim=64, head_hidden=(256,),
-                              seed=args.seed, threads=threads, options=options)
+                              seed=args.seed, threads=threads, device="cpu", options=options)
             start: dict[str, float] = {}
             try:
                 summary = run_training(

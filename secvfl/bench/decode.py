@@ -104,6 +104,20 @@ def _psi_traffic() -> None:
     align(ids, "label", net=Network({"label": Role.LABEL, "p0": Role.FEATURE}))
 
 
+def _plan_traffic() -> None:
+    """The label party's rows of each split, as a deployed label party sends them to a feature party."""
+    import numpy as np
+    import pyarrow as pa
+
+    from secvfl.deploy.data import RowPlan, send_plan
+    from secvfl.transport import Network
+    from secvfl.transport.layers import Role
+
+    ids = tuple(pa.array([f"id{i}" for i in range(a, b)]) for a, b in ((0, 30), (30, 34), (34, 42)))
+    plan = RowPlan(ids, tuple(np.zeros(len(i), dtype=np.int64) for i in ids), ["0", "1"], {})  # type: ignore[arg-type]
+    send_plan(Network({"label": Role.LABEL, "p0": Role.FEATURE}), "label", "p0", plan)
+
+
 def _request_traffic() -> None:
     """Party-handle requests and answers as they travel to a party in another process (secvfl.deploy)."""
     import numpy as np
@@ -137,22 +151,47 @@ def _identity_traffic() -> None:
         transport.put(sender, receiver, message.kind, encode(message))
 
 
+def _serve_traffic() -> None:
+    """Serving (secvfl.serve): the coordinator's calls, the parties' answers and their outputs for a request."""
+    import torch
+
+    from secvfl.messages import Message, encode
+    from secvfl.serve.wire import SERVE_OUTPUT, Answer, Call, Group, answer_message, call_message
+    from secvfl.transport.inprocess import InProcessTransport
+
+    transport = InProcessTransport()
+    calls = [Call("embed", 4, step=4, ids=["c00001", "c00019"], budget_ms=1000.0),
+             Call("predict", 5, step=5, groups=[Group(0, [0, 1], [0, 1])], budget_ms=800.0)]
+    for call in calls:
+        transport.put("label", "party0", "serve-call", encode(call_message("label", "party0", call)))
+    answers = [(Answer("embed", 4, missing=[1]), None),
+               (Answer("predict", 5, failed={"1": "party1: gone"}), {"g0": torch.full((2, 2), 0.5)})]
+    for answer, tensors in answers:
+        transport.put("party0", "label", "serve-answer", encode(answer_message("party0", "label", answer, tensors)))
+    output = Message(SERVE_OUTPUT, "party0", "label", 4, {"embedding": torch.ones(2, 4)}, meta={"request": 4})
+    transport.put("party0", "label", SERVE_OUTPUT, encode(output))
+
+
 def capture_corpus(per_kind: int = 6) -> dict[str, list[bytes]]:
     """Encoded messages of every kind, captured at the transport during short real runs: ``corpus_key -> bytes``.
 
     At most ``per_kind`` distinct messages per key, spread over the run (training and evaluation traffic alike)."""
+    from secvfl.algorithms import settings_for
     from secvfl.config import TrainConfig
     from secvfl.runner import run_training
 
     captured: list[bytes] = []
     with _recording(captured):
         for kw in _RUNS:
-            cfg = TrainConfig(**{"parties": 2, "epochs": 1, "batch_size": 32, "seed": 0, "threads": 1, **kw})
+            base = {"parties": 2, "epochs": 1, "seed": 0, "threads": 1, "device": "cpu", **settings_for(kw["algo"], {"batch_size": 32})}
+            cfg = TrainConfig(**{**base, **kw})
             run_training(cfg, progress=False, log=lambda *a, **k: None)
         _masked_sum_traffic()
         _psi_traffic()
+        _plan_traffic()
         _request_traffic()
         _identity_traffic()
+        _serve_traffic()
     by_key: dict[str, list[bytes]] = {}
     for data in dict.fromkeys(captured):  # distinct, in capture order
         by_key.setdefault(corpus_key(decode(data)), []).append(data)

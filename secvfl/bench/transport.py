@@ -51,6 +51,8 @@ class TransportBench:
         p.add_argument("--epochs", type=int, default=2, help="epochs per run")
         p.add_argument("--batch-size", type=int, default=None, help="rows per batch (default: secvfl train's)")
         p.add_argument("--repeats", type=int, default=3, help="runs per side and dataset (the median is reported)")
+        p.add_argument("--device", default="cpu", help="the device every process trains on (the transport is "
+                                                      "measured on the CPU; cuda puts five processes on one GPU)")
 
     def run(self, args: argparse.Namespace) -> dict:
         threads = fix_threads(1)
@@ -61,7 +63,7 @@ class TransportBench:
             fed = loopback_federation(Path(tmp), args.parties, name="bench")
             for dataset in args.datasets:
                 flags = ["--algo", "splitnn", "--dataset", dataset, "--parties", str(args.parties), "--epochs",
-                         str(args.epochs), "--seed", "0", "--threads", "1"]
+                         str(args.epochs), "--seed", "0", "--threads", "1", "--device", args.device]
                 if args.data_dir:
                     flags += ["--data-dir", str(args.data_dir)]
                 if args.batch_size:
@@ -69,7 +71,7 @@ class TransportBench:
                 results[dataset] = self._dataset(Path(tmp) / dataset, fed, flags, args)
         return {"benchmark": "transport", "datasets": results, "threads_per_process": threads,
                 "config": {"parties": args.parties, "epochs": args.epochs, "repeats": args.repeats,
-                           "batch_size": args.batch_size},
+                           "batch_size": args.batch_size, "device": args.device},
                 "machine": machine()}
 
     def _dataset(self, folder: Path, fed: Path, flags: list[str], args: argparse.Namespace) -> dict:

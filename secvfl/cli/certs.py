@@ -39,6 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "federation file names)")
     p.add_argument("--days", type=int, default=365, help=f"validity of the certificates in days (1 to {MAX_DAYS})")
     p.add_argument("--force", action="store_true", help="replace existing certificate and key files")
+    p.add_argument("--clients", nargs="+", default=None, metavar="NAME",
+                   help="instead: certificates for client applications of `secvfl serve`, signed by a client CA of "
+                        "their own (clients/ca.pem beside the federation's CA, made if missing; with --out: "
+                        "DIR/clients/)")
     show_defaults(p)
     p.set_defaults(func=run)
 
@@ -49,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; name a folder for the certificates")
     federation = load_federation(args.federation)
+    if args.clients is not None:
+        return _clients(args, federation)
     files = issue_certificates(federation, days=args.days, out=args.out)
     for f in files:
         check_output_file(f.path, "--out" if args.out is not None else "certificate file")
@@ -66,4 +72,23 @@ def run(args: argparse.Namespace) -> int:
                   f"for {written}); move them there or edit its ca/cert/key entries")
     print(f"{len(federation.parties)} party certificates for federation {federation.name!r}, valid {args.days} "
           "days; each party needs ca.pem, its own .pem and its own .key (and nothing else)")
+    return 0
+
+
+def _clients(args: argparse.Namespace, federation) -> int:  # noqa: ANN001
+    from secvfl.serve.clientcerts import (
+        default_client_dir,
+        issue_client_certificates,
+        write_client_certificates,
+    )
+
+    folder = Path(args.out) / "clients" if args.out is not None else default_client_dir(federation.ca)
+    files = issue_client_certificates(folder, list(args.clients), days=args.days, federation=federation.name)
+    for f in files:
+        check_output_file(f.path, "--out" if args.out is not None else "certificate file")
+    write_client_certificates(files, force=args.force)
+    for f in files:
+        print(f"wrote {f.path} (mode {f.mode:04o}): {f.what}")
+    print(f"{len(args.clients)} client certificate(s); the label party's `secvfl serve` accepts them with "
+          f"--client-ca {folder / 'ca.pem'} (its default)")
     return 0

@@ -12,26 +12,42 @@ from secvfl.errors import SecvflError, SecvflWarning
 
 __all__ = ["main", "build_parser"]
 
-# Top-level subcommand modules, each with register(subparsers). One line per command.
-SUBCOMMANDS = [
-    "secvfl.cli.train",
-    "secvfl.cli.families",
-    "secvfl.cli.privacy_sweep",
-    "secvfl.cli.predict",
-    "secvfl.cli.align",
-    "secvfl.cli.certs",
-    "secvfl.cli.deploy",
-]
+# Top-level commands: name -> (the module that registers it, its one-line help). `secvfl --help` and `--version`
+# list them without importing any module (they load torch and the plugins: seconds and hundreds of MB); a command line
+# imports the module of its command only. tests/test_cli_startup.py checks these lines against the modules' own.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("secvfl.cli.train", "train a VFL model"),
+    "bench": ("secvfl.cli.families", "benchmarks: wall time, peak RSS and thread count of what they measure"),
+    "reproduce": ("secvfl.cli.families", "reproduce a paper's experiments (tables, JSON, plots)"),
+    "attack": ("secvfl.cli.families", "leakage attacks and their evaluation"),
+    "privacy-sweep": ("secvfl.cli.privacy_sweep", "utility against epsilon (JSON + PNG)"),
+    "predict": ("secvfl.cli.predict", "predict with a trained run and any subset of its parties"),
+    "align": ("secvfl.cli.align", "align parties' rows by id with private set intersection (ECDH-PSI)"),
+    "certs": ("secvfl.cli.certs", "create a federation's CA and one mutual-TLS certificate per party"),
+    "party": ("secvfl.cli.deploy", "run one party of a federation (a long-lived process)"),
+    "launch": ("secvfl.cli.deploy", "start every party of a federation as a local process (loopback)"),
+    "serve": ("secvfl.cli.serve", "serve a trained federation: one party's serving process"),
+    "demo-federation": ("secvfl.cli.serve", "write a federation on this host whose parties read their own files (for "
+                        "trying secvfl launch and secvfl serve)"),
+}
+SUBCOMMANDS = list(dict.fromkeys(module for module, _ in COMMANDS.values()))  # one line per module
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
+    """The `secvfl` parser with every command's module loaded (``command="*"``), or that of ``command`` only (None:
+    none); the other commands are listed by name and help."""
     parser = argparse.ArgumentParser(
         prog="secvfl", description="Privacy-preserving vertical federated learning.",
     )
     parser.add_argument("--version", action="version", version=f"secvfl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in SUBCOMMANDS:
-        importlib.import_module(module).register(sub)
+    wanted = set(SUBCOMMANDS) if command == "*" else {COMMANDS[command][0]} if command in COMMANDS else set()
+    for name, (module, help_text) in COMMANDS.items():
+        if module in wanted:
+            wanted.discard(module)
+            importlib.import_module(module).register(sub)
+        if name not in sub.choices:  # listed in --help; its module is loaded when it is the command given
+            sub.add_parser(name, help=help_text)
     return parser
 
 
@@ -51,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["train"]  # `secvfl` alone runs the main job with its defaults
-    parser = build_parser()
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     args._argv = list(argv)
     if not hasattr(args, "func"):
@@ -65,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"secvfl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("secvfl: interrupted; `secvfl train --resume RUN_DIR` continues a training run from its last "
-              "checkpoint (the run directory is printed when the run starts)", file=sys.stderr)
+        from secvfl.runlock import interrupted_hint
+
+        print(f"secvfl: {interrupted_hint()}", file=sys.stderr)
         return 130
 
 

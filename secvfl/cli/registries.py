@@ -40,7 +40,11 @@ PLUGIN_MODULES: list[str] = [
     "secvfl.experiments.online_ablation",
     "secvfl.experiments.vim",
     "secvfl.bench.vim",
+    "secvfl.bench.vim_defaults",
     "secvfl.bench.transport",
+    "secvfl.bench.serve",
+    "secvfl.bench.device",
+    "secvfl.bench.scale",
 ]
 _loaded = False
 

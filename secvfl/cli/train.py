@@ -65,7 +65,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "per block drawn from Beta(A, B))")
     g.add_argument("--p-miss-test", type=_p_miss, default=d.p_miss_test,
                    help="the same at validation and test time")
-    g.add_argument("--bottom", default=d.bottom, choices=list(BOTTOMS), help="feature parties' bottom model")
+    g.add_argument("--bottom", default=d.bottom, choices=list(BOTTOMS),
+                   help="feature parties' bottom model: mlp (--hidden widths), cnn (two conv blocks, image regions) or "
+                        "resnet (a small ResNet for colour image regions, stem width --hidden's first value)")
     g.add_argument("--hidden", type=_ints, default=d.hidden,
                    help="bottom-model hidden widths, comma-separated, e.g. 256,256; '' for none (a linear bottom) "
                         f"(default: {_widths(d.hidden)})")
@@ -86,7 +88,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=d.threads,
                    help="torch intra-op threads (1 is fastest for small models on a shared machine)")
     for group in option_groups():  # the algorithm families' options, then the protocol plugins', from their types
-        add_option_arguments(p.add_argument_group(group.title), group.options_type)
+        section = p.add_argument_group(group.title, group.options_type.description or None)
+        add_option_arguments(section, group.options_type)
     missing = unavailable_plugins()
     if missing:  # their flags are unknown here; say why rather than leave "unrecognized arguments" unexplained
         p.epilog = "protocol plugins that could not be loaded: " + "; ".join(
@@ -126,10 +129,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: a fresh runs/<algo>-<dataset>-<date>-<time>)")
     p.add_argument("--resume", type=Path, metavar="DIR",
                    help="continue the run in DIR from its last checkpoint, with its own settings; --epochs N trains "
-                        "it longer (also a finished run); --data-dir and --threads may change, other flags may not")
+                        "it longer (also a finished run); --data-dir, --threads and --device may change, other flags may "
+                        "not")
     p.add_argument("--from-epoch", type=int, default=None, metavar="N",
                    help="with --resume: start from the checkpoint after epoch N (the previous one is kept in case "
-                        "the latest is damaged); later checkpoints are discarded")
+                        "the latest is damaged; 0: from the run's beginning); later checkpoints are discarded")
     p.add_argument("--no-progress", action="store_true",
                    help="print a line per epoch instead of a progress bar (the bar is shown only on a terminal)")
     p.add_argument("--list-algos", action="store_true", help="list the algorithms and exit")
@@ -154,6 +158,12 @@ def run(args: argparse.Namespace) -> int:
 
     progress = not args.no_progress
     if args.resume is not None:
+        from secvfl.deploy.party import deployed_resume_command
+
+        deployed = deployed_resume_command(args.resume)
+        if deployed is not None:  # its feature parties' states are in their own processes' directories
+            raise ConfigError(f"--resume {args.resume}: this run's parties run in separate processes (it is the label "
+                              f"party's directory of a federation), so it continues with `{deployed}`")
         changes = _resume_changes(args)
         run_training(TrainConfig(), resume=args.resume, from_epoch=args.from_epoch, changes=changes, progress=progress)
         return 0
@@ -197,14 +207,16 @@ def _comparable(value: object) -> object:
     return value
 
 
-def _resume_changes(args: argparse.Namespace) -> dict[str, object]:
-    """The settings a ``--resume`` command line changes; refuses (one line, listing them) all but RESUME_CHANGES."""
+def _resume_changes(args: argparse.Namespace, command: str = "train", local: frozenset[str] = frozenset()
+                    ) -> dict[str, object]:
+    """The settings a ``--resume`` command line changes; refuses (one line, listing them) all but RESUME_CHANGES.
+    ``command``: the subcommand whose flags these are; ``local``: its flags that are no settings of the run."""
     from secvfl.runner import RESUME_CHANGES, load_config_file, read_run_config
 
     run_dir = args.resume
     argv = args._argv
-    given = _given(args._parser, argv[argv.index("train") + 1 :]) - _RUN_LOCAL
-    if args.config is not None:  # the file's settings count as given too
+    given = _given(args._parser, argv[argv.index(command) + 1 :]) - _RUN_LOCAL - local
+    if getattr(args, "config", None) is not None:  # the file's settings count as given too
         values = load_config_file(args.config)
         given |= {k.replace("-", "_") for k in {**values.pop("options", {}), **values}}
     if "out" in given:
@@ -226,7 +238,7 @@ def _resume_changes(args: argparse.Namespace) -> dict[str, object]:
         listed = ", ".join(f"{flags.get(d, d)} {wanted[d]!r} (the run has {saved.get(d)!r})" for d in refused)
         raise ConfigError(
             f"--resume {run_dir} continues the run with its own settings (config.toml), but the command line changes "
-            f"{listed}; only --epochs (to train longer), --data-dir, --threads and --dp-accept-epsilon may change: "
-            "drop the others, or start a new run with --out"
+            f"{listed}; only --epochs (to train longer), --data-dir, --threads, --device and --dp-accept-epsilon may "
+            "change: drop the others, or start a new run with --out"
         )
     return {d: wanted[d] for d in changed}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +20,13 @@ class RawData:
     classes: list[str]
     image_shape: tuple[int, int] | None = None
     X_test: np.ndarray | None = None  # a split that ships with the data (MNIST, a9a.t)
+    # colour channels of an image (the columns are channel-major: all of channel 0's pixels, then channel 1's, ...)
+    image_channels: int = 1
     y_test: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
+    # A large table (secvfl.data.table): X is float32 after subtracting ``shift`` per column (values = X + shift).
+    shift: np.ndarray | None = None
+    encodings: list[Any] | None = None  # per source column, what it became (secvfl.data.csv_loader.ColumnEncoding)
 
 
 @dataclass
@@ -43,6 +49,10 @@ class Dataset:
     classes: list[str]
     image_shape: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
+    image_channels: int = 1  # channel-major columns (see RawData)
+    # The fitted preprocessing (secvfl.data.preprocess.Standardisation), to prepare new rows the same way.
+    standardisation: Any = None
+    encodings: list[Any] | None = None
 
     @property
     def n_features(self) -> int:

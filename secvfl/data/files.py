@@ -7,6 +7,7 @@ import os
 import zlib
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from secvfl.errors import DataError
 
@@ -37,9 +38,19 @@ def describe_read_error(exc: BaseException) -> str:
     return str(exc)
 
 
-def check_unique_ids(ids: list[str], path: Path, column: str) -> None:
-    """DataError if an id repeats: a party's rows are aligned by id (``secvfl align``, deployed parties' files)."""
-    repeated = [i for i, c in Counter(ids).items() if c > 1]
+def check_unique_ids(ids: Any, path: Path, column: str) -> None:
+    """DataError if an id repeats: a party's rows are aligned by id (``secvfl align``, deployed parties' files).
+    ``ids``: a list of str, or an Arrow string array (counted by pyarrow, without a Python object per id)."""
+    if not isinstance(ids, list):
+        import pyarrow.compute as pc
+
+        if pc.count_distinct(ids).as_py() == len(ids):
+            return
+        counts = pc.value_counts(ids)
+        many = counts.filter(pc.greater(counts.field("counts"), 1))
+        repeated = many.field("values").to_pylist()
+    else:
+        repeated = [i for i, c in Counter(ids).items() if c > 1]
     if repeated:
         raise DataError(f"{path} repeats {len(repeated)} id(s) in {column!r} (e.g. {repeated[:3]}); "
                         "each row needs a unique id to be aligned")

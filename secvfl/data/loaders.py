@@ -1,8 +1,9 @@
 """Dataset specs -> :class:`Dataset`. All offline.
 
 Specs: ``digits``, ``breast_cancer``, ``wine`` (bundled with scikit-learn), ``csv:PATH[:LABEL]``, ``idx:DIR``,
-``svmlight:PATH[,TEST_PATH]``, and shortcuts for real sets in a data directory (``--data-dir`` or
-``$SECVFL_DATA_DIR``): ``credit``, ``mnist``, ``a9a``, ``w8a``, ``mushrooms``.
+``svmlight:PATH[,TEST_PATH]``, ``cifar:PATH`` (CIFAR-10/100, :mod:`secvfl.data.cifar`), and shortcuts for real sets
+in a data directory (``--data-dir`` or ``$SECVFL_DATA_DIR``): ``credit``, ``mnist``, ``a9a``, ``w8a``, ``mushrooms``,
+``cifar10``, ``cifar100``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from secvfl.data.cifar import find_cifar, load_cifar
 from secvfl.data.csv_loader import load_csv
 from secvfl.data.dataset import Dataset, RawData
 from secvfl.data.idx import load_idx_dir
@@ -101,6 +103,16 @@ def _mushrooms(data_dir: Path | None) -> RawData:
     return load_svmlight(d / "agaricus.txt.train.gz", d / "agaricus.txt.test.gz", n_features=126)
 
 
+@DATASETS.register("cifar10")
+def _cifar10(data_dir: Path | None) -> RawData:
+    return load_cifar(find_cifar(resolve_data_dir(data_dir), 10), 10)
+
+
+@DATASETS.register("cifar100")
+def _cifar100(data_dir: Path | None) -> RawData:
+    return load_cifar(find_cifar(resolve_data_dir(data_dir), 100), 100)
+
+
 def load_raw(spec: str, data_dir: str | Path | None = None) -> tuple[str, RawData]:
     """Read a dataset spec without splitting; returns (display name, raw data)."""
     if not spec:
@@ -118,12 +130,14 @@ def load_raw(spec: str, data_dir: str | Path | None = None) -> tuple[str, RawDat
     if kind == "svmlight" and rest:
         train, _, test = rest.partition(",")
         return Path(train).name, load_svmlight(train, test or None)
-    if kind in ("csv", "idx", "svmlight"):
+    if kind == "cifar" and rest:
+        return Path(rest).name, load_cifar(rest)
+    if kind in ("csv", "idx", "svmlight") or (kind == "cifar" and ":" in spec):
         raise DataError(f"dataset spec {spec!r} needs a path: {kind}:PATH")
     if spec not in DATASETS:
         raise DataError(
-            f"unknown dataset {spec!r}; use one of {', '.join(DATASETS.names())}, csv:PATH[:LABEL], idx:DIR "
-            "or svmlight:PATH[,TEST_PATH]"
+            f"unknown dataset {spec!r}; use one of {', '.join(DATASETS.names())}, csv:PATH[:LABEL], idx:DIR, "
+            "svmlight:PATH[,TEST_PATH] or cifar:PATH"
         )
     return spec, DATASETS.get(spec)(Path(data_dir) if data_dir else None)
 

@@ -15,10 +15,13 @@ IMAGE_SPLITS = ("auto", "strips", "quadrants", "columns")
 
 @dataclass(frozen=True)
 class Partition:
-    """Column indices per party block; ``block_shapes[k]`` is (h, w) when block k is an image region."""
+    """Column indices per party block; ``block_shapes[k]`` is (h, w) when block k is an image region, whose
+    ``channels`` colour channels it then holds (its columns channel-major: the region's pixels of channel 0, then of
+    channel 1, ...)."""
 
     blocks: tuple[np.ndarray, ...]
     block_shapes: tuple[tuple[int, int] | None, ...]
+    channels: int = 1
 
     @property
     def n_blocks(self) -> int:
@@ -77,13 +80,16 @@ def max_image_parties(h: int, w: int) -> int:
     return max(k for k in range(1, h * w + 1) if _grid(k)[0] <= h and _grid(k)[1] <= w)
 
 
-def partition_image(shape: tuple[int, int], k: int, mode: str = "auto") -> Partition:
-    """Image regions: horizontal strips, or a grid of quadrants (k = 4, or any k = r*c with r, c as close as possible)."""
+def partition_image(shape: tuple[int, int], k: int, mode: str = "auto", *, channels: int = 1) -> Partition:
+    """Image regions: horizontal strips, or a grid of quadrants (k = 4, or any k = r*c with r, c as close as possible).
+
+    The columns are the image's pixels channel-major (``channels`` planes of h x w); a party's region holds its
+    pixels in every channel."""
     h, w = shape
     if mode not in IMAGE_SPLITS:
         raise DataError(f"unknown image split {mode!r}; choose one of {', '.join(IMAGE_SPLITS)}")
     if mode == "columns":
-        return partition_columns(h * w, k)
+        return partition_columns(channels * h * w, k)
     if mode == "auto":
         mode = "quadrants" if k == 4 else "strips"
     grid = np.arange(h * w).reshape(h, w)
@@ -102,16 +108,16 @@ def partition_image(shape: tuple[int, int], k: int, mode: str = "auto") -> Parti
     blocks, shapes = [], []
     for i in range(rows):
         for j in range(cols):
-            region = grid[rc[i] : rc[i + 1], cc[j] : cc[j + 1]]
-            blocks.append(region.reshape(-1))
-            shapes.append(region.shape)
-    return Partition(tuple(blocks), tuple(shapes))
+            region = grid[rc[i] : rc[i + 1], cc[j] : cc[j + 1]].reshape(-1)
+            blocks.append(np.concatenate([region + c * h * w for c in range(channels)]) if channels > 1 else region)
+            shapes.append((rc[i + 1] - rc[i], cc[j + 1] - cc[j]))
+    return Partition(tuple(blocks), tuple(shapes), channels)
 
 
 def make_partition(
     n_columns: int, k: int, *, image_shape: tuple[int, int] | None = None, image_split: str = "auto",
-    sizes: list[int] | None = None,
+    sizes: list[int] | None = None, channels: int = 1,
 ) -> Partition:
     if image_shape is not None and sizes is None and image_split != "columns":
-        return partition_image(image_shape, k, image_split)
+        return partition_image(image_shape, k, image_split, channels=channels)
     return partition_columns(n_columns, k, sizes)

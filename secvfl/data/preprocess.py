@@ -1,17 +1,117 @@
-"""Splitting, missing-value policy and standardisation. Every statistic is fitted on the training split only."""
+"""Splitting, missing-value policy and standardisation. Every statistic is fitted on the training split only.
+
+Two ways through, one result: a table read as float64 (every loader, and any table of at most
+secvfl.data.table.EXACT_CELLS numeric cells) goes through numpy whole-array operations as it always has; a larger
+table read as float32 minus a per-column shift (secvfl.data.table) is standardised in row chunks into one float32
+block (its train, validation and test splits are views of it), with statistics summed in float64 per chunk. The
+two agree to float32 rounding (tests/test_table.py); the second never holds the table in float64.
+"""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from secvfl.data.dataset import Dataset, RawData
 from secvfl.errors import DataError, DataWarning
 
-__all__ = ["NAN_POLICIES", "prepare", "stratified_split", "split_rows", "min_rows_per_class"]
+__all__ = ["NAN_POLICIES", "prepare", "stratified_split", "split_rows", "min_rows_per_class", "Standardisation",
+           "check_class_sizes"]
 
 NAN_POLICIES = ("mean", "drop", "error")
+_CHUNK_ROWS = 1 << 16
+
+
+@dataclass
+class Standardisation:
+    """The fitted preprocessing of a table's features: the columns kept (of the encoded features), the training
+    means used for missing values (None: none imputed), the training mean and standard deviation, and the
+    ``--nan-policy`` the table was prepared with."""
+
+    columns: list[str]
+    mean: np.ndarray
+    std: np.ndarray
+    impute: np.ndarray | None = None
+    image: bool = False  # one mean and deviation for every pixel
+    nan_policy: str = "mean"
+
+    def to_dict(self) -> dict:
+        return {"columns": list(self.columns), "mean": np.atleast_1d(self.mean).tolist(),
+                "std": np.atleast_1d(self.std).tolist(), "impute": None if self.impute is None
+                else self.impute.tolist(), "image": self.image, "nan_policy": self.nan_policy}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Standardisation:
+        return cls([str(c) for c in d["columns"]], np.asarray(d["mean"], dtype=np.float64),
+                   np.asarray(d["std"], dtype=np.float64),
+                   None if d.get("impute") is None else np.asarray(d["impute"], dtype=np.float64),
+                   bool(d.get("image", False)), str(d.get("nan_policy", "mean")))
+
+    def apply(self, X: np.ndarray, names: list[str], shift: np.ndarray | None = None, *,
+              missing: np.ndarray | None = None) -> np.ndarray:
+        """New rows (features named ``names``, float64, or float32 minus ``shift``) as the training rows were
+        prepared: the kept columns, missing cells imputed, standardised, float32; in row chunks. A missing cell is
+        imputed under ``--nan-policy mean`` (with the training mean of its column, also when training had no missing
+        cell to impute); under another policy it stays NaN (the row cannot be used). ``missing`` (a bool per row),
+        when given, is set True where a row has a missing cell in a kept column."""
+        absent = [c for c in self.columns if c not in names]
+        if absent:
+            raise DataError(f"the table lacks feature(s) {absent[:5]} the model was trained on; give it the same "
+                            "columns")
+        cols = np.array([names.index(c) for c in self.columns], dtype=np.int64)
+        out = np.empty((len(X), len(cols)), dtype=np.float32)
+        mu, sd = (float(self.mean[0]), float(self.std[0])) if self.image else (self.mean, self.std)
+        fill = self.impute
+        if fill is None and self.nan_policy == "mean" and not self.image:  # nothing was missing in training
+            fill = self.mean
+        for start in range(0, len(X), _CHUNK_ROWS):
+            v = X[start : start + _CHUNK_ROWS][:, cols].astype(np.float64)
+            if shift is not None:
+                v += shift[cols]
+            nan = np.isnan(v)
+            if missing is not None:
+                missing[start : start + len(v)] = nan.any(axis=1)
+            if fill is not None:
+                r, c = np.nonzero(nan)
+                v[r, c] = fill[c]
+            out[start : start + len(v)] = (v - mu) / sd
+        return out
+
+
+def check_class_sizes(y: np.ndarray, classes: list[str], name: str) -> None:
+    """A stratified split puts every class in training and evaluation: a class with one row cannot be; refuse it."""
+    counts = np.bincount(y, minlength=len(classes))
+    single = [classes[c] for c in np.flatnonzero(counts == 1)]
+    if single:
+        shown = ", ".join(repr(c) for c in single[:5]) + (f" and {len(single) - 5} more" if len(single) > 5 else "")
+        raise DataError(f"{name}: class {shown} has a single row; a stratified split cannot put it in both the "
+                        "training and the test rows (the model could never be checked on it): remove that row, "
+                        "merge the class into another, or add rows of it")
+
+
+def _too_large(name: str, column: str, value: float) -> DataError:
+    return DataError(f"{name}: column {column!r} holds values as large as {value:.3g}, whose spread overflows the "
+                     "floating-point range when standardised; rescale the column in the file (divide it by a power "
+                     "of ten) or mark such cells missing")
+
+
+def _check_statistics(name: str, names: list[str], column: Callable[[int | None], np.ndarray], *stats: Any
+                      ) -> None:
+    """Refuse a column whose training statistics overflowed (values near 1e308), naming it, before any training.
+    ``column(j)`` gives column j's values (None: all of them, for one statistic over every pixel)."""
+    flags = [np.isfinite(np.atleast_1d(np.asarray(s, dtype=np.float64))) for s in stats]
+    bad = ~np.logical_and.reduce(np.broadcast_arrays(*flags))
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0]) if bad.size == len(names) else None
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            values = column(j)
+            largest = float(np.nanmax(np.abs(values))) if values.size else float("inf")
+        raise _too_large(name, "every pixel" if j is None else names[j], largest)
 
 
 def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -113,6 +213,9 @@ def prepare(
         raise DataError(f"validation fraction must be in [0, 1), got {val_fraction}")
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"test fraction must be in (0, 1), got {test_fraction}")
+    if raw.shift is not None:
+        return _prepare_large(raw, name, seed=seed, val_fraction=val_fraction, test_fraction=test_fraction,
+                              test_split_seed=test_split_seed, nan_policy=nan_policy, rows=rows)
     notes = list(raw.notes)
     feature_names = list(raw.feature_names)
     X, y = raw.X.astype(np.float64, copy=False), raw.y.astype(np.int64, copy=False)
@@ -170,20 +273,34 @@ def prepare(
             f"rounded share of every class){fix}" + ("; or use --val-fraction 0" if "validation" in empty else "")
             + ("; or --nan-policy mean to keep rows with missing cells" if nan_policy == "drop" and n_missing else "")
         )
+    if raw.X_test is None and rows is None:
+        check_class_sizes(raw.y.astype(np.int64), list(raw.classes), name)
+    means = None
     if nan_policy == "mean" and n_missing:
-        with warnings.catch_warnings():  # an image's pixel missing in every training row is 0 already (see above)
-            warnings.simplefilter("ignore", RuntimeWarning)
+        with warnings.catch_warnings(), np.errstate(over="ignore"):  # an image's pixel missing in every training
+            warnings.simplefilter("ignore", RuntimeWarning)          # row is 0 already (see above)
             means = np.nan_to_num(np.nanmean(X, axis=0), nan=0.0)
+        _check_statistics(name, feature_names, lambda j: X if j is None else X[:, j], means)
         for part in (X, X_val, X_test):
             r, c = np.nonzero(np.isnan(part))
             part[r, c] = means[c]
         notes.append(f"nan-policy mean: imputed {n_missing} missing values with training-split column means")
-    if raw.image_shape is not None:
-        # Images: one global mean/std keeps the pixel grid comparable across the image (and blank borders finite).
-        mu, sd = float(X.mean()), float(X.std()) or 1.0
-    else:
-        mu, sd = X.mean(axis=0), X.std(axis=0)
-        sd = np.where(sd < 1e-12, 1.0, sd)
+    with warnings.catch_warnings(), np.errstate(over="ignore", invalid="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # an overflow is refused just below, with the column
+        if raw.image_shape is not None and raw.image_channels > 1:
+            # Colour images: a mean/std per channel (the usual normalisation of CIFAR-style sets), the same for every
+            # pixel
+            per_channel = X.reshape(len(X), raw.image_channels, -1)
+            mu_c, sd_c = per_channel.mean(axis=(0, 2)), per_channel.std(axis=(0, 2))
+            pixels = X.shape[1] // raw.image_channels
+            mu, sd = np.repeat(mu_c, pixels), np.repeat(np.where(sd_c < 1e-12, 1.0, sd_c), pixels)
+        elif raw.image_shape is not None:
+            # Images: one global mean/std keeps the pixel grid comparable across the image (and blank borders finite).
+            mu, sd = float(X.mean()), float(X.std()) or 1.0
+        else:
+            mu, sd = X.mean(axis=0), X.std(axis=0)
+            sd = np.where(sd < 1e-12, 1.0, sd)
+    _check_statistics(name, feature_names, lambda j: X if j is None else X[:, j], mu, sd)
     notes.append("standardised with training-split statistics")
 
     def f32(a: np.ndarray) -> np.ndarray:
@@ -201,5 +318,147 @@ def prepare(
         feature_names=feature_names,
         classes=list(raw.classes),
         image_shape=raw.image_shape,
+        image_channels=raw.image_channels,
         notes=notes,
+        standardisation=Standardisation(feature_names, np.atleast_1d(mu), np.atleast_1d(sd), means,
+                                        image=raw.image_shape is not None, nan_policy=nan_policy),
+        encodings=raw.encodings,
     )
+
+
+def _row_chunks(rows: np.ndarray) -> list[np.ndarray]:
+    return [rows[i : i + _CHUNK_ROWS] for i in range(0, len(rows), _CHUNK_ROWS)]
+
+
+def _prepare_large(raw: RawData, name: str, *, seed: int, val_fraction: float, test_fraction: float,
+                   test_split_seed: int, nan_policy: str, rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+                   ) -> Dataset:
+    """:func:`prepare` for a table held as float32 minus ``raw.shift`` (see the module doc): the same splits, policy,
+    checks and notes, computed in row chunks into one float32 block."""
+    if raw.X_test is not None or raw.image_shape is not None:
+        raise DataError("a table read as float32 has no test file and no image grid")  # pragma: no cover
+    X, shift, y = raw.X, np.asarray(raw.shift, dtype=np.float64), raw.y.astype(np.int64, copy=False)
+    # X: float32 values minus shift, or a LazyBlock (secvfl.data.csv_loader) that assembles rows when indexed
+    names = list(raw.feature_names)
+    notes = list(raw.notes)
+    n, d = X.shape
+
+    def values(idx: np.ndarray, cols: np.ndarray | slice = slice(None)) -> np.ndarray:
+        v = X[idx][:, cols].astype(np.float64)
+        v += shift[cols]
+        return v
+
+    every = np.arange(n)
+    nan_rows = np.zeros(n, dtype=bool)
+    nan_cols = np.zeros(d, dtype=np.int64)
+    for idx in _row_chunks(every):
+        part = X[idx]
+        bad = np.isinf(part)
+        if bad.any():
+            r, c = (int(i) for i in np.argwhere(bad)[0])
+            raise _too_large(name, names[c], float(np.nanmax(np.abs(values(idx[r : r + 1])))))
+        missing = np.isnan(part)
+        nan_rows[idx] = missing.any(axis=1)
+        nan_cols += missing.sum(axis=0)
+    n_missing = int(nan_cols.sum())
+    if n_missing and nan_policy == "error":
+        cols = [names[j] for j in np.flatnonzero(nan_cols)][:5]
+        raise DataError(f"{name}: {n_missing} missing values (e.g. in columns {cols}) but --nan-policy is 'error'; "
+                        "use --nan-policy mean (impute training means) or drop (remove incomplete rows)")
+    if rows is not None:
+        if nan_policy == "drop":
+            raise DataError("rows chosen for the splits exclude a test file and --nan-policy drop")
+        train, val, test = (np.asarray(r, dtype=np.int64) for r in rows)
+        notes.append(f"splits: {len(train)} / {len(val)} / {len(test)} rows chosen by the label party")
+        pool = np.concatenate([train, val])
+    else:
+        keep, test = stratified_split(y, test_fraction, test_split_seed)
+        notes.append(f"test split: stratified {test_fraction:.0%} of rows, seed {test_split_seed}")
+        pool = keep
+    cols = np.arange(d)
+    if n_missing:
+        seen = np.zeros(d, dtype=bool)
+        for idx in _row_chunks(pool):
+            seen |= ~np.isnan(X[idx]).all(axis=0)
+        if not seen.all():
+            empty = ~seen
+            shown_cols = [names[j] for j in np.flatnonzero(empty)]
+            shown = ", ".join(repr(c) for c in shown_cols[:10]) + (
+                f" and {len(shown_cols) - 10} more" if len(shown_cols) > 10 else "")
+            if empty.all():
+                raise DataError(f"{name}: no feature column has a value in the training split; check the file's "
+                                "missing value markers")
+            message = (f"{name}: column(s) {shown} have no value in the training split; dropped them (a column "
+                       "without values carries no information)")
+            notes.append(message)
+            warnings.warn(message, DataWarning, stacklevel=3)
+            cols = np.flatnonzero(seen)
+            names = [names[j] for j in cols]
+            nan_rows[:] = False
+            for idx in _row_chunks(every):
+                nan_rows[idx] = np.isnan(X[idx][:, cols]).any(axis=1)
+        n_missing = int(sum(int(np.isnan(X[idx][:, cols]).sum()) for idx in _row_chunks(np.concatenate([pool, test]))))
+    if nan_policy == "drop":
+        for what, part in (("training", pool), ("test", test)):
+            if nan_rows[part].any():
+                notes.append(f"nan-policy drop: removed {int(nan_rows[part].sum())} {what} rows with missing values")
+        pool, test = pool[~nan_rows[pool]], test[~nan_rows[test]]
+    if rows is not None:
+        train, val = pool[: len(rows[0])], pool[len(rows[0]) :]
+    elif val_fraction > 0:
+        rest, held = stratified_split(y[pool], val_fraction, seed)
+        train, val = pool[rest], pool[held]
+        notes.append(f"validation split: stratified {val_fraction:.0%} of training rows, seed {seed}")
+    else:
+        train, val = pool, pool[:0]
+    sizes = {"training": len(train), "test": len(test)} | ({"validation": len(val)} if val_fraction > 0 else {})
+    empty_splits = [split for split, k in sizes.items() if k == 0]
+    if empty_splits:
+        raise DataError(
+            f"{name}: the {' and '.join(empty_splits)} split{'s are' if len(empty_splits) > 1 else ' is'} empty "
+            f"({len(y)} rows{', after --nan-policy drop' if nan_policy == 'drop' else ''}; each split takes a rounded "
+            f"share of every class); with --val-fraction {val_fraction:g} a class needs at least "
+            f"{min_rows_per_class(test_fraction, val_fraction)} rows to fill every split"
+            + ("; or use --val-fraction 0" if "validation" in empty_splits else ""))
+    if rows is None:
+        check_class_sizes(y, list(raw.classes), name)
+    total = np.zeros(len(cols))
+    count = np.zeros(len(cols))
+    for idx in _row_chunks(train):
+        v = values(idx, cols)
+        present = ~np.isnan(v)
+        total += np.where(present, v, 0.0).sum(axis=0)
+        count += present.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        mu = np.where(count > 0, total / np.maximum(count, 1), 0.0)  # with imputation, the mean of imputed rows
+    means = mu.copy() if nan_policy == "mean" and n_missing else None
+    if means is not None:
+        notes.append(f"nan-policy mean: imputed {n_missing} missing values with training-split column means")
+    squares = np.zeros(len(cols))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for idx in _row_chunks(train):
+            v = values(idx, cols) - mu
+            squares += np.where(np.isnan(v), 0.0, v * v).sum(axis=0)
+        sd = np.sqrt(squares / max(len(train), 1))
+    def column(j: int | None) -> np.ndarray:  # column j's values, in chunks (for the message only)
+        return np.concatenate([values(idx, cols[j : j + 1])[:, 0] for idx in _row_chunks(every)] or [np.zeros(0)])
+
+    _check_statistics(name, names, column, mu, sd)
+    sd = np.where(sd < 1e-12, 1.0, sd)
+    notes.append("standardised with training-split statistics")
+    block = np.empty((len(train) + len(val) + len(test), len(cols)), dtype=np.float32)
+    start = 0
+    for part in (train, val, test):
+        for idx in _row_chunks(part):
+            v = values(idx, cols)
+            if means is not None:
+                r, c = np.nonzero(np.isnan(v))
+                v[r, c] = means[c]
+            block[start : start + len(idx)] = (v - mu) / sd
+            start += len(idx)
+    a, b = len(train), len(train) + len(val)
+    return Dataset(
+        name=name, X_train=block[:a], y_train=y[train], X_val=block[a:b], y_val=y[val], X_test=block[b:],
+        y_test=y[test], n_classes=len(raw.classes), feature_names=names, classes=list(raw.classes), notes=notes,
+        standardisation=Standardisation(names, mu, sd, means, nan_policy=nan_policy), encodings=raw.encodings)
+

@@ -21,6 +21,7 @@ A run asking for another is refused before any party trains, with the reason.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -35,14 +36,18 @@ from secvfl.config import TrainConfig
 from secvfl.deploy.data import (
     ALIGN,
     PLAN,
-    AlignIds,
+    AlignRows,
     check_config,
     counting_apart,
     plan_rows,
     prepare_own_block,
     read_own_file,
+    receive_plan,
     record_alignment,
     run_table,
+    save_preprocessing,
+    save_run_layout,
+    send_plan,
     uses_data_files,
     with_federation_dataset,
 )
@@ -70,9 +75,14 @@ from secvfl.transport.grpc_link import GrpcTransport, PartyLost, PeerAddress, Re
 from secvfl.transport.layers import Role
 from secvfl.transport.network import Network
 
-__all__ = ["run_names", "Timeouts", "make_transport", "serve_party", "coordinate", "AGGREGATOR"]
+__all__ = ["run_names", "Timeouts", "make_transport", "serve_party", "coordinate", "AGGREGATOR", "DEPLOYMENT_FILE",
+           "mark_deployed", "deployed_resume_command"]
 
 AGGREGATOR = "aggregator"  # the run name of the CKKS aggregator (protocols.ckks.CKKSAggregation's default)
+
+
+MAX_WAIT = 1e6  # seconds: the longest --party-timeout, --peer-timeout or --heartbeat
+MIN_HEARTBEAT = 0.01  # seconds
 
 
 class Timeouts:
@@ -80,9 +90,16 @@ class Timeouts:
     (``idle``), and for a silent peer (``peer``, with ``heartbeat`` the interval of the heartbeats)."""
 
     def __init__(self, wait: float = 300.0, peer: float = 15.0, heartbeat: float = 1.0, idle: float = 3600.0) -> None:
-        for name, value in (("--party-timeout", wait), ("--peer-timeout", peer), ("--heartbeat", heartbeat)):
-            if not value > 0:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value}")
+        for name, value, low in (("--party-timeout", wait, 0.0), ("--peer-timeout", peer, 0.0),
+                                 ("--heartbeat", heartbeat, MIN_HEARTBEAT)):
+            if not (value > 0 and math.isfinite(value)):  # inf: no deadline can be set (timestamps overflow)
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value:g}")
+            if value > MAX_WAIT:
+                raise ConfigError(f"{name} {value:g}: at most {MAX_WAIT:g} s (about 11 days); a party that waits "
+                                  "longer for a peer has lost it")
+            if value < low:
+                raise ConfigError(f"{name} {value:g}: at least {low:g} s (a party sends a heartbeat on every open link "
+                                  "at this interval; shorter ones flood the links)")
         if heartbeat >= peer:
             raise ConfigError(f"--heartbeat {heartbeat:g} must be shorter than --peer-timeout {peer:g} (a peer is "
                               "declared gone after missing several heartbeats)")
@@ -133,7 +150,7 @@ def check_across_processes(run: Any, federation: Federation) -> None:
                                "; run it in one process (`secvfl train`), or drop those protocols")
 
 
-def _own_file(federation: Federation, name: str, align_ids: AlignIds | None):  # noqa: ANN202
+def _own_file(federation: Federation, name: str, align_ids: AlignRows | None):  # noqa: ANN202
     """This party's own file when the parties read their own files (None otherwise), read before it listens."""
     if not uses_data_files(federation):
         return None
@@ -176,10 +193,10 @@ def _check_federation(federation: Federation, cfg: TrainConfig) -> None:
 
 # -- a feature party ---------------------------------------------------------------------------------------------
 def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir: str | None,
-                timeouts: Timeouts, log: Callable[[str], None], align_ids: AlignIds | None = None) -> None:
+                timeouts: Timeouts, log: Callable[[str], None], align_ids: AlignRows | None = None) -> None:
     """Run party ``name`` (a feature party, or the aggregator) until the coordinator says stop (or fails, or goes
     silent). ``align_ids``: this party's side of the private set intersection, when the parties read their own
-    files (protocols.psi.align_with_peers)."""
+    files (protocols.psi.align_rows_with_peers, given by the command)."""
     from secvfl.checkpoint import _global_rng_state, _set_global_rng_state
     from secvfl.runner import build_run
 
@@ -198,18 +215,21 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
                 raise ProtocolError(f"{name} reads no data file of its own, so it has no ids to align")
             with counting_apart(transport) as psi_stats:
                 net = Network({coordinator: Role.LABEL, me: Role.FEATURE}, transport=transport)
-                held["learned"] = set(align_ids(net, me, [coordinator], own.ids)[coordinator])
+                held["learned"] = align_ids(net, me, [coordinator], own.ids)[coordinator]
             held["psi_sent"] = {"bytes": psi_stats.bytes_total, "messages": psi_stats.messages_total}
             log(f"{name}: {len(held['learned'])} of its {len(own.ids)} ids are also held by {federation.label_party}")
             return None
-        if method == PLAN:  # the rows of each split: prepare this party's own columns for them
+        if method == PLAN:  # the rows of each split (sent as messages): prepare this party's own columns for them
             if "learned" not in held:
                 raise ProtocolError(f"{name} got the label party's rows before aligning its ids")
-            cfg, ids = TrainConfig.from_dict(args[0]), args[1]
+            cfg = TrainConfig.from_dict(args[0])
+            net = Network({coordinator: Role.LABEL, me: Role.FEATURE}, transport=transport)
+            ids = receive_plan(net, me, coordinator, limit=len(held["learned"]))
             held["sizes"] = [len(split) for split in ids]
-            held["columns"], names, notes = prepare_own_block(own, ids, held["learned"], cfg)
+            held["columns"], names, notes, preprocessing = prepare_own_block(own, ids, held["learned"], cfg)
             for note in notes:
                 log(f"{name}: data: {note}")
+            save_preprocessing(state_dir, preprocessing)  # `secvfl serve` prepares the tables it scores with it
             return {"width": len(names), "psi_sent": held["psi_sent"]}
         if method == HELLO:
             cfg = TrainConfig.from_dict(args[0])
@@ -284,10 +304,17 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
 # -- the label party: the coordinator ----------------------------------------------------------------------------
 def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, resume: Path | None,
                timeouts: Timeouts, log: Callable[[str], None], progress: bool = False,
-               align_ids: AlignIds | None = None) -> dict[str, Any]:
+               align_ids: AlignRows | None = None, from_epoch: int | None = None,
+               resume_as: str | None = None, changes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train with the feature parties of ``federation`` in their own processes; returns the summary.
     ``align_ids``: the label party's side of the private set intersection, when the parties read their own files
-    (protocols.psi.align_with_peers)."""
+    (protocols.psi.align_rows_with_peers, given by the command). ``resume_as``: the command that continues this run
+    (every hint names it): ``secvfl launch --resume BASE`` when launched, else this party's ``secvfl party ...
+    --resume DIR`` (default)."""
+    run_dir = resume if resume is not None else out
+    if resume_as is None and run_dir is not None:
+        resume_as = (f"secvfl party --federation {federation.source} --name {federation.label_party} "
+                     f"--resume {run_dir}")
     from secvfl.runner import build_run, run_training
 
     own = _own_file(federation, federation.label_party, align_ids)
@@ -320,7 +347,10 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
             shared = align_ids(net, me, remote, own.ids)
         plan = plan_rows(own, shared, cfg)
         record_alignment(resume if resume is not None else out, plan, resumed=resume is not None)
-        answers = [link.call(p, PLAN, (cfg.to_dict(), list(plan.ids)), timeout=timeouts.wait) for p in remote]
+        with counting_apart(transport) as plan_stats:
+            for party in remote:
+                send_plan(net, me, party, plan)
+        answers = [link.call(p, PLAN, (cfg.to_dict(),), timeout=timeouts.wait) for p in remote]
         for party, answer in zip(remote, answers, strict=True):
             if not isinstance(answer, dict) or not isinstance(answer.get("width"), int):
                 raise PeerViolation(party, "its answer to the row plan does not give its width")
@@ -330,10 +360,14 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
         widest = max(range(len(remote)), key=lambda i: widths[i] if isinstance(widths[i], int) else 1 << 62)
         bad = next((i for i, w in enumerate(widths) if not 1 <= w <= table_limits(federation).columns), widest)
         _check_layout(federation, remote[bad], widths, sizes, len(plan.classes))
-        alignment.update(protocol="ECDH-PSI over P-256 (semi-honest)", **plan.counts, widths=widths,
-                         rows_sha256=plan.digest(),  # every PSI message crossed the label party's links: its own
-                         psi_bytes=psi_stats.bytes_total + net.received.stats().bytes_total,  # counts, sent and
-                         psi_messages=psi_stats.messages_total + net.received.stats().messages_total,  # received
+        if (resume or out) is not None:  # what `secvfl serve` needs to answer with class names
+            save_run_layout(Path(resume or out), classes=plan.classes, widths=widths)
+        received = net.received.stats()  # every PSI message crossed the label party's links: its own counts, sent
+        alignment.update(protocol=getattr(align_ids, "protocol", "private set intersection"), **plan.counts,
+                         widths=widths, rows_sha256=plan.digest(),  # and received
+                         psi_bytes=psi_stats.bytes_total + received.bytes_total,
+                         psi_messages=psi_stats.messages_total + received.messages_total,
+                         plan_bytes=plan_stats.bytes_total, plan_messages=plan_stats.messages_total,
                          seconds=round(time.perf_counter() - t0, 3))
         log(f"{federation.label_party}: aligned {plan.counts['held_by_all']} rows held by every party "
             f"(train/val/test {'/'.join(map(str, sizes))}); columns per party {widths}")
@@ -396,7 +430,10 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
                                "frame_bytes_sent_and_received": transport.wire_stats.bytes_total}}
 
     try:
-        return run_training(cfg, out, resume=resume, progress=progress, log=log, build=build, summary_extra=extra)
+        # once the run has started (its config.toml written), its directory records that it is a deployed run
+        mark = (lambda _run: mark_deployed(out, federation, resume_as)) if resume is None and out is not None else None
+        return run_training(cfg, out, resume=resume, from_epoch=from_epoch, changes=changes, progress=progress,
+                            log=log, build=build, summary_extra=extra, resume_as=resume_as, on_build=mark)
     finally:
         for party in started:
             try:
@@ -404,6 +441,37 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
             except (PartyLost, SecvflError):
                 pass  # it is gone already; nothing of it is waited for
         transport.close()
+
+
+DEPLOYMENT_FILE = "deployment.toml"  # in the label party's run directory: how that run continues
+
+
+def mark_deployed(run_dir: Path, federation: Federation, resume_as: str | None) -> None:
+    """Record in the label party's run directory that its parties run in separate processes, and the command that
+    continues the run (``secvfl train --resume`` cannot: the feature parties' states are theirs)."""
+    import tomli_w
+
+    from secvfl.io import write_text_atomic
+
+    record = {"federation": str(Path(federation.source).resolve()), "label_party": federation.label_party,
+              **({"resume": resume_as} if resume_as else {})}
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_text_atomic(Path(run_dir) / DEPLOYMENT_FILE, tomli_w.dumps(record))
+
+
+def deployed_resume_command(run_dir: Path) -> str | None:
+    """The command that continues a deployed label party's run in ``run_dir`` (None: not a deployed run)."""
+    import tomllib
+
+    path = Path(run_dir) / DEPLOYMENT_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        record = {}
+    return str(record.get("resume") or f"secvfl party --federation {record.get('federation', 'FILE')} --name "
+               f"{record.get('label_party', 'LABEL_PARTY')} --resume {run_dir}")
 
 
 def _cpu_seconds(party: str, answer: Any) -> float:

@@ -160,7 +160,8 @@ def build_algorithm(method: str, setting: Setting, data: Dataset, p_train: float
         head_hidden=setting.head_hidden, val_fraction=0.0, p_miss_train=_p_spec(p_train),
         options={"class_balanced": setting.class_balanced, "p_drop": setting.p_drop},
     )
-    partition = make_partition(data.n_features, setting.parties, image_shape=data.image_shape)
+    partition = make_partition(data.n_features, setting.parties, image_shape=data.image_shape,
+                               channels=data.image_channels)
     K = partition.n_blocks
     masks = {
         "train": draw_train_mask(len(data.y_train), K, p_train, seed),

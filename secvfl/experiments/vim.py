@@ -11,10 +11,10 @@ the CLI's ``--optimizer sgd`` has none); VAFL's head is linear on the mean embed
 Methods and step sizes (Table 1): VAFL 0.3, FDML 0.1, VIMSGD 0.3, VIMADMM rho 2 tau 20, VIMADMM-J rho 0.5 tau 20.
 VIMSGD uses the authors' code's weight decay 0.001 (the paper's beta 0.005, on batch means, holds VIMSGD at
 94.8 %); VIMADMM-J the paper's eta 0.05 with weight decay 1e-4 (97.05 % after one epoch, seed 0; with 0.001 it
-diverged at 0.05 and took 2-3 epochs at 0.02: BENCHMARKS.md "Stabilising VIMADMM"). VIMADMM runs the paper's eta 0.05,
+diverged at 0.05 and took 2-3 epochs at 0.02: the git history of BENCHMARKS.md, "Stabilising VIMADMM"). VIMADMM runs the paper's eta 0.05,
 rho 2, tau 20 with the residual of the authors' code (``--vim-residual round-start``: s^k from the heads W^t the
 round's z came from; with eq. 9 as printed, W^{t+1}, it diverges in the first epoch) and weight decay 1e-4 (closer to
-the paper's beta on a batch sum, 0.005 / 1024; at 0.001 it levels off at 96.7 %) (BENCHMARKS.md "VIMADMM: the
+the paper's beta on a batch sum, 0.005 / 1024; at 0.001 it levels off at 96.7 %) (the git history of BENCHMARKS.md, "VIMADMM: the
 residual"). ``--lr METHOD=ETA`` sets any step size. A run that diverges is recorded (``diverged``: epoch and
 reason) and the others go on.
 
@@ -83,7 +83,7 @@ SETTINGS: dict[str, Setting] = {
                       {"vafl": 20, "fdml": 20, "vimsgd": 10, "vimadmm": 5, "vimadmm-j": 5}, summary_epochs=5),
 }
 
-# The VIM methods on MNIST (BENCHMARKS.md "Stabilising VIMADMM", "VIMADMM: the residual"): the authors' code's weight
+# The VIM methods on MNIST (the git history of BENCHMARKS.md, "Stabilising VIMADMM", "VIMADMM: the residual"): the authors' code's weight
 # decay 0.001 (the paper's beta 0.005, applied to batch means, holds VIMSGD at 94.8 %). VIMADMM: the paper's step size
 # with the authors' code's residual (round-start heads; eq. 9 as printed diverges in epoch 1 without the proximal
 # term) and weight decay 1e-4 (0.001 holds it at 96.7 %); no proximal term. VIMADMM-J needs no proximal term.
@@ -134,9 +134,10 @@ def build(setting: Setting, method: str, seed: int, lr: float, epochs: int, data
     cfg = _config(setting, method, seed, lr, epochs)
     data = _data(setting.dataset, data_dir)
     part = make_partition(data.n_features, setting.parties, image_shape=data.image_shape,
-                          image_split=setting.image_split)
+                          image_split=setting.image_split, channels=data.image_channels)
     if keep is not None:
-        part = Partition(tuple(part.blocks[k] for k in keep), tuple(part.block_shapes[k] for k in keep))
+        part = Partition(tuple(part.blocks[k] for k in keep), tuple(part.block_shapes[k] for k in keep),
+                         part.channels)
         cfg = replace(cfg, parties=len(keep))
     K = part.n_blocks
     masks = {s: np.ones((len(getattr(data, f"y_{s}")), K), dtype=bool) for s in ("train", "val", "test")}

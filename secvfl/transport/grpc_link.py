@@ -13,7 +13,7 @@ peers. The loop also sends anything left held at each heartbeat check, so nothin
 the party does. Why: each gRPC message costs hand-offs between threads and a wake-up at the receiver, whatever its
 size, and a training step sends one peer several messages without waiting in between (a gradient, the backward
 request, the next forward request). Measured on MNIST split-NN with 4 feature parties (``secvfl bench transport``,
-BENCHMARKS.md, session 9): against the synchronous grpcio streams this replaced, 15 % less CPU in all processes
+BENCHMARKS.md, "Parties in separate processes"): against the synchronous grpcio streams this replaced, 15 % less CPU in all processes
 and 28 % less in the label party's.
 
 Who is at the other end: every connection is mutual TLS with the federation's CA as the only root (grpcio's TLS
@@ -55,8 +55,10 @@ come on top and are measured by ``secvfl bench transport``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
+import socket
 import stat
 import struct
 import threading
@@ -66,6 +68,8 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
 
 from secvfl.errors import ConfigError, MessageError, ProtocolError, SecvflError
 from secvfl.messages import KINDS
@@ -125,8 +129,10 @@ class TlsFiles:
     key: Path
 
     def read(self) -> tuple[bytes, bytes, bytes]:
-        """The CA certificate, the party's certificate and its private key; a key that group or others may read is
-        refused (as channel identity keys are): whoever reads it can speak as this party."""
+        """The CA certificate, the party's certificate and its private key, once each has been checked to be what
+        it claims: a damaged or swapped file is named here, not later as a TLS failure that gRPC reports as "cannot
+        listen" or a refused handshake. A key that group or others may read is refused (as channel identity keys
+        are): whoever reads it can speak as this party."""
         out = []
         for what, path in (("the CA certificate", self.ca), ("the party certificate", self.cert),
                            ("the party key", self.key)):
@@ -140,7 +146,57 @@ class TlsFiles:
             except OSError as exc:
                 raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}; make the certificates with "
                                   "`secvfl certs --federation FILE`") from None
+        _check_tls_files(self, *out)
         return out[0], out[1], out[2]
+
+
+def _check_tls_files(files: TlsFiles, ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> None:
+    """ConfigError naming the file unless the CA and the party certificate are PEM certificates, the key a PEM
+    private key that belongs to the certificate, and the certificate issued by that CA (grpc takes PEM only)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    fix = "make the certificates again with `secvfl certs --federation FILE` (or restore the file)"
+    certs = {}
+    for what, path, data in (("the CA certificate", files.ca, ca_pem), ("the party certificate", files.cert, cert_pem)):
+        try:
+            certs[what] = x509.load_pem_x509_certificate(data)
+        except ValueError:
+            raise ConfigError(f"{what} {path} is not a PEM certificate (damaged, or another kind of file); {fix}"
+                              ) from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise ConfigError(f"the party key {files.key} is not an unencrypted PEM private key (damaged, or another kind "
+                          f"of file); {fix}") from None
+    cert, ca = certs["the party certificate"], certs["the CA certificate"]
+    raw = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*raw) != cert.public_key().public_bytes(*raw):
+        raise ConfigError(f"the party key {files.key} does not belong to the certificate {files.cert}; give each party "
+                          f"its own pair of files; {fix}")
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise ConfigError(f"the party certificate {files.cert} was not issued by the CA certificate {files.ca} (they "
+                          f"come from different runs of `secvfl certs`); {fix}") from None
+
+
+def check_port_free(address: str, party: str) -> None:
+    """One clear line, at once, when ``address`` (host:port, [v6]:port) cannot be listened on by this process."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as gRPC binds: connections of an earlier run left in TIME_WAIT do not block it, a listener does
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            why = {errno.EADDRINUSE: "the port is in use by another process",
+                   errno.EADDRNOTAVAIL: "that address is not one of this host's",
+                   errno.EACCES: "this process may not use that port"}.get(exc.errno, exc.strerror or str(exc))
+            raise ConfigError(f"party {party} cannot listen on {address}: {why}; free the port or change its "
+                              "address in the federation file") from None
 
 
 def _frame(kind_or_name: str, ftype: int, seq: int = 0, index: int = 0, count: int = 1, payload: bytes = b""
@@ -573,6 +629,7 @@ class GrpcTransport(Transport):
         self._log = log or (lambda _: None)
         self._ca, self._cert, self._key = tls.read()
         self._cert_der = _certificate_der(self._cert)
+        check_port_free(local.address, local.name)
         self._verify = verify
         self._inbox = Inbox()
         self._arrived = threading.Condition()
@@ -610,7 +667,11 @@ class GrpcTransport(Transport):
                    # what a connection may hold before and after authentication (gRPC's own limits)
                    ("grpc.max_allowed_incoming_connections", limits.connections),
                    ("grpc.server_handshake_timeout_ms", int(limits.handshake_seconds * 1000)),
-                   ("grpc.max_concurrent_streams", 2 * limits.streams_per_peer + 2)]
+                   ("grpc.max_concurrent_streams", 2 * limits.streams_per_peer + 2),
+                   # The peers' keepalive pings come every heartbeat, also while no data flows (a party computing
+                   # its PSI round for minutes): accept them instead of closing the stream ("too many pings").
+                   ("grpc.http2.min_ping_interval_without_data_ms", 500),
+                   ("grpc.http2.max_ping_strikes", 0)]
         server = grpc.aio.server(options=options)
         handlers = {
             "Hello": grpc.unary_unary_rpc_method_handler(self._hello, request_deserializer=None,
@@ -902,7 +963,8 @@ class GrpcTransport(Transport):
                    ("grpc.max_receive_message_length", 2 * CHUNK_BYTES + 4096),
                    ("grpc.max_send_message_length", 2 * CHUNK_BYTES + 4096),
                    ("grpc.keepalive_time_ms", max(1000, int(self.heartbeat * 1000))),
-                   ("grpc.keepalive_timeout_ms", max(1000, int(self.peer_timeout * 1000)))]
+                   ("grpc.keepalive_timeout_ms", max(1000, int(self.peer_timeout * 1000))),
+                   ("grpc.http2.max_pings_without_data", 0)]  # keep pinging through a long silence
         deadline = time.monotonic() + self.timeout
         while True:
             nonce = os.urandom(_NONCE_BYTES)

@@ -26,7 +26,7 @@ its turn differ.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from secvfl.errors import TrainingDiverged
 from secvfl.messages import Message
 from secvfl.transport.base import PeerViolation
 
-__all__ = ["ReceiveGuard", "Round", "request_facts"]
+__all__ = ["ReceiveGuard", "Round", "SentSums", "request_facts"]
 
 _INTEGER_KINDS = frozenset({"prediction", "labels"})  # outputs that are class labels, not values
 
@@ -51,17 +51,58 @@ class Round:
     rows: int | None = None
 
 
+def _sum(t: torch.Tensor) -> float:
+    return float(t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum())
+
+
 def _finite(t: torch.Tensor) -> bool:
     """Whether every value of the floating tensor ``t`` is finite. A sum is NaN or infinite if any value is, and
     costs a tenth of ``torch.isfinite(t).all()``; only an infinite sum of finite values (an overflow) needs the
     exact check."""
-    total = float(t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum())
-    if math.isfinite(total):
+    if math.isfinite(_sum(t)):
         return True
     if t.device.type != "cpu":  # (a party's own output on its accelerator, before it is encoded)
         return bool(torch.isfinite(t).all())
     values = t.float() if t.dtype is torch.bfloat16 else t
     return bool(np.isfinite(values.detach().numpy()).all())
+
+
+def _default_cause() -> str:
+    return ("The step size is probably too large or the data hold huge values; start again with a smaller step size "
+            "or check the data")
+
+
+class SentSums:
+    """The sums of the floating tensors a party is about to send, for :meth:`ReceiveGuard.check_sent`. A sum on a
+    CUDA device is copied to pinned host memory without a wait; the send path waits once for its messages' tensors
+    (:func:`secvfl.messages.encode_many`), and the sums are read after that wait. On the CPU they are read at once."""
+
+    def __init__(self, tensors: list[tuple[Message, torch.Tensor]]) -> None:
+        self.tensors = tensors
+        self._sums: list[float] = []
+        self._pending: list[tuple[list[int], torch.Tensor, Any]] = []  # (positions, host sums, copy done event)
+        on_device: dict[torch.device, list[int]] = {}
+        for i, (_, t) in enumerate(tensors):
+            if t.is_cuda:
+                on_device.setdefault(t.device, []).append(i)
+                self._sums.append(0.0)
+            else:  # (read here, not in _sum: tests/test_device.py counts the reads of each site)
+                self._sums.append(float(t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum()))
+        for device, positions in on_device.items():
+            sums = torch.stack([tensors[i][1].detach().sum(dtype=torch.float64) for i in positions])
+            host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
+            host.copy_(sums, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(device))
+            self._pending.append((positions, host, done))
+
+    def values(self) -> list[float]:
+        for positions, host, done in self._pending:
+            done.synchronize()  # already done once the messages' tensors were copied: no wait then
+            for i, total in zip(positions, host.tolist(), strict=True):
+                self._sums[i] = total
+        self._pending = []
+        return self._sums
 
 
 def request_facts(bound: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,7 +133,8 @@ class ReceiveGuard:
         self._row_kinds = self.forward | ({"gradient"} & self.backward)  # one row per batch row
         self.round = Round()
         self.widths: dict[str, int] = {}
-        self.step_size: tuple[str, float] | None = None  # the algorithm's step-size flag and value
+        # why this process's own computation diverged, and the fix (secvfl.runner sets the run's)
+        self.divergence_cause: Callable[[], str] = _default_cause
         # (sender, kind, tensor) -> (dtype, trailing shape or None) of the stream's first message
         self._streams: dict[tuple[str, str, str], tuple[torch.dtype, tuple[int, ...] | None]] = {}
         self._steps: dict[tuple[str, str, str], int] = {}
@@ -113,18 +155,26 @@ class ReceiveGuard:
         """Columns of each forward kind's tensors, as the algorithm builds them."""
         self.widths.update({k: int(v) for k, v in widths.items()})
 
-    def check_sent(self, message: Message) -> None:
+    def sums_to_send(self, messages: Sequence[Message]) -> SentSums | None:
+        """What :meth:`check_sent` needs of the algorithm's messages a party is about to send (None: nothing to
+        check), taken before the sender's layers: what the party itself computed."""
+        kinds = self._kinds
+        tensors = [(m, t) for m in messages if m.kind in kinds for t in m.tensors.values()
+                   if t.is_floating_point() and t.numel()]
+        return SentSums(tensors) if tensors else None
+
+    def check_sent(self, sent: SentSums | None) -> None:
         """A party never sends non-finite values: its own model diverged (its step size or its data), which it says
-        itself, so that a non-finite value that arrives is always the sender's violation."""
-        if message.kind not in self._kinds:
+        itself (:attr:`divergence_cause`), so that a non-finite value that arrives is always the sender's
+        violation. A sum is NaN or infinite if any value is; only an overflowing sum of finite values needs the
+        exact check."""
+        if sent is None:
             return
-        for t in message.tensors.values():
-            if t.is_floating_point() and t.numel() and not _finite(t):
-                flag, value = self.step_size or ("--lr", float("nan"))
+        for (message, t), total in zip(sent.tensors, sent.values(), strict=True):
+            if not math.isfinite(total) and not _finite(t):
                 raise TrainingDiverged(
                     f"training stopped: {message.sender}'s {message.kind} became non-finite at step {message.step} "
-                    f"(its own computation). The step size is probably too large ({flag} {value:g}) or the data hold "
-                    f"inf or huge values; start again with a smaller {flag} (e.g. {value / 10:g}) or check the data")
+                    f"(its own computation). {self.divergence_cause()}")
 
     def check(self, message: Message, receiver: str) -> None:
         """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it."""

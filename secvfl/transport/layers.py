@@ -62,6 +62,13 @@ class AlgorithmTraits:
     # Why the receiver needs each party's output itself, not only their sum (e.g. to step that party's head): a secure
     # sum refuses the algorithm with this reason. Empty: the algorithm says nothing more than its ``aggregation``.
     individual_outputs: str = ""
+    # Why a sparsifier without error feedback breaks the algorithm (it steps on every message as sent, so rand-k's
+    # unbiased but n/k-fold noisier copy, or top-k's dropped entries, make it diverge or stall), and what to use
+    # instead: a compression layer refuses topk/randk without +ef/+vr with this reason. Empty: accepted.
+    needs_error_feedback: str = ""
+    # Why the receiver needs every row of the parties' outputs exactly (per-batch outputs keep no error-feedback
+    # memory): a compression layer refuses a sparsifier on the forward messages with this reason. Empty: accepted.
+    exact_outputs: str = ""
 
 
 @dataclass(frozen=True)

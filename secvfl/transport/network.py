@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from secvfl.errors import MessageError
-from secvfl.messages import Message, decode, encode, encoded_payload_size, mark_delivered
+from secvfl.messages import Message, decode, encode, encode_many, encoded_payload_size, mark_delivered
 from secvfl.transport.base import CommStats, PeerViolation, Transport, peer_text
 from secvfl.transport.guard import ReceiveGuard
 from secvfl.transport.inprocess import InProcessTransport
@@ -144,8 +144,11 @@ class Network:
         if len(messages) > 1 and any(m.sender != sender for m in messages):
             raise MessageError("send() takes the messages of one sender; call it once per sender")
         self._known(sender)
-        for m in messages:  # what the party itself computed: its own divergence is its own to report
-            self.guard.check_sent(m)
+        # what the party itself computed: its own divergence is its own to report (read after the one wait below)
+        sums = self.guard.sums_to_send(messages)
+        if self.layers:  # a protocol layer must not see them (it may read or keep them)
+            self.guard.check_sent(sums)
+            sums = None
         if sender in self._views:
             self._views[sender].sent.extend(messages)
         out = list(messages)
@@ -153,13 +156,21 @@ class Network:
             out = layer.outbound(out, sender)
         for m in out:
             self._known(m.receiver)
-            data = encode(m)
+        # one wait for the GPU tensors of all of them (secvfl.device.to_host), not one per message
+        encoded = encode_many(out)
+        self.guard.check_sent(sums)  # before anything leaves
+        for m, data in zip(out, encoded, strict=True):
             self.transport.put(m.sender, m.receiver, m.kind, data)
             self.stats.count_payload(m.kind, encoded_payload_size(data))
 
-    def receive(self, receiver: str, *, kind: str | None = None, sender: str | None = None) -> Message:
-        """Take the oldest matching message for ``receiver`` and pass it through the receiver's inbound layers."""
-        data = self.transport.take(receiver, kind=kind, sender=sender)
+    def receive(self, receiver: str, *, kind: str | None = None, sender: str | None = None,
+                timeout: float | None = None) -> Message:
+        """Take the oldest matching message for ``receiver`` and pass it through the receiver's inbound layers.
+        ``timeout``: the longest wait in seconds, for a transport between processes (default: the transport's own)."""
+        if timeout is None:
+            data = self.transport.take(receiver, kind=kind, sender=sender)
+        else:
+            data = self.transport.take(receiver, kind=kind, sender=sender, timeout=timeout)  # type: ignore[call-arg]
         try:
             wire = msg = decode(data)
         except MessageError as exc:  # the transport's label names who sent these bytes

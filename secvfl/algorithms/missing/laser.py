@@ -51,6 +51,7 @@ from secvfl.algorithms.missing.subsets import (
     weighted_task_loss,
 )
 from secvfl.data.pattern_sampler import PatternBatch
+from secvfl.device import index_tensor, to_device
 from secvfl.errors import ConfigError, PartyIsolationError
 from secvfl.handles import LocalHandle, PartyHandle, local_party, request
 from secvfl.messages import Message
@@ -137,7 +138,7 @@ class LaserParty:
     # -- training step ----------------------------------------------------------------------------------------
     def represent(self, step: int, split: str, ids: np.ndarray, peers: Sequence[str], *, train: bool) -> list[Message]:
         """``f_k`` on rows ``ids``: one embedding message per peer (the other observed parties)."""
-        rows = torch.tensor(ids, device=self.device)  # kept until the step ends: a copy of the shared batch ids
+        rows = index_tensor(np.array(ids, dtype=np.int64), self.device)  # kept until the step ends: a copy
         x = self._x[split][rows]
         self._mode(train)
         if train:
@@ -155,7 +156,7 @@ class LaserParty:
     def _local(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` on this party's device and dtype. What arrives usually is already: skipping the no-op ``to`` saves
         a dispatch per received tensor, 2 (K - 1) per party and step."""
-        return t if t.dtype is self.dtype and t.device == self.device else t.to(device=self.device, dtype=self.dtype)
+        return t if t.dtype is self.dtype and t.device == self.device else to_device(t, self.device, self.dtype)
 
     def _stack(self, own: torch.Tensor, observed: Sequence[int], names: Sequence[str],
                received: dict[str, Message]) -> torch.Tensor:
@@ -173,8 +174,9 @@ class LaserParty:
 
     def train_heads(
         self, step: int, ids: np.ndarray, observed: Sequence[int], names: Sequence[str], received: dict[str, Message]
-    ) -> tuple[float, list[Message]]:
-        """Sampled-task loss of ``g_k`` on the batch; returns the loss and a gradient message per peer."""
+    ) -> tuple[torch.Tensor, list[Message]]:
+        """Sampled-task loss of ``g_k`` on the batch; returns the loss (a one-element tensor: read it once the
+        messages are sent, see :mod:`secvfl.device`) and a gradient message per peer."""
         if self._rep is None:
             raise PartyIsolationError(f"{self.name} was asked to train its head without a representation step")
         table = TaskTable.of(self.index, tuple(observed))
@@ -190,7 +192,7 @@ class LaserParty:
             self._g_grads = (d_w, d_b) if b is not None else (d_w,)
         else:
             reps = self._stack(self._released, observed, names, received).requires_grad_(True)
-            loss, _ = weighted_task_loss(self.g, reps, matrix, table.weights.to(device=self.device), y, self.loss_fn)
+            loss, _ = weighted_task_loss(self.g, reps, matrix, to_device(table.weights, self.device), y, self.loss_fn)
             # autograd.grad instead of backward(): gradients are written, not accumulated, so no zero_grad pass.
             grads = torch.autograd.grad(loss, [reps, *self._g_params])
             self._g_grads = grads[1:]
@@ -201,7 +203,7 @@ class LaserParty:
                 self._own_grad = grad
             else:
                 out.append(Message("gradient", self.name, name, step, {"gradient": grad}))
-        return loss.item(), out
+        return loss.detach(), out
 
     def apply_gradients(self, received: Sequence[Message]) -> None:
         """Sum the peers' gradients w.r.t. ``f_k``'s output with its own, backprop, and step ``f_k`` and ``g_k``."""
@@ -279,7 +281,7 @@ class LaserHandle(LocalHandle):
         its gradient; returns the loss."""
         loss, grads = self._party.train_heads(step, ids, observed, names, self._from_peers("embedding", names))
         self._send(grads)
-        return loss
+        return float(loss)  # after the send: on a GPU the step has run by now, so reading it does not wait
 
     @request
     def apply_gradients(self, names: Sequence[str]) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from secvfl.errors import ConfigError
 
-__all__ = ["ActivationSpec", "parse_activation", "Activation"]
+__all__ = ["ActivationSpec", "parse_activation", "check_event_threshold", "Activation"]
 
 _FORMS = "full, random:P with 0 < P <= 1, or event:GAMMA"
 
@@ -46,6 +46,24 @@ def parse_activation(text: str) -> ActivationSpec:
         if kind == "event" and math.isfinite(value):
             return ActivationSpec("event", value)
     raise ConfigError(f"--activation must be {_FORMS}, got {text!r}")
+
+
+def check_event_threshold(spec: ActivationSpec, row_means: list[np.ndarray]) -> None:
+    """Refuse an ``event:GAMMA`` that is trivial on this data: every party above GAMMA in every training row (that
+    is full activation) or none in any (no party would ever train). ``row_means``: per party, the mean of its
+    features in each training row it holds (what :meth:`Activation.active` compares with GAMMA)."""
+    if spec.kind != "event" or not row_means or not all(len(m) for m in row_means):
+        return
+    rates = [float(np.mean(m > spec.value)) for m in row_means]
+    low, high = min(float(m.min()) for m in row_means), max(float(m.max()) for m in row_means)
+    where = (f"choose GAMMA between {low:.3g} and {high:.3g}, where the parties' row means lie (event:0 activates a "
+             "party in about half the rounds)")
+    if all(r == 1.0 for r in rates):
+        raise ConfigError(f"--activation {spec}: every party's mean feature is above {spec.value:g} in every training "
+                          f"row, so every party is active in every round: that is --activation full; {where}")
+    if all(r == 0.0 for r in rates):
+        raise ConfigError(f"--activation {spec}: no party's mean feature is above {spec.value:g} in any training row, "
+                          f"so no party would ever be activated and nothing would train; {where}")
 
 
 class Activation:

@@ -21,7 +21,7 @@ import numpy as np
 
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import LABEL_PARTY, Algorithm, ProgressFn, RunContext, feature_party_names
-from secvfl.algorithms.online.activation import Activation, parse_activation
+from secvfl.algorithms.online.activation import Activation, check_event_threshold, parse_activation
 from secvfl.algorithms.online.flags import OnlineOptions
 from secvfl.algorithms.online.handles import OnlineFeatureHandle, OnlineLabelHandle
 from secvfl.algorithms.online.live import RoundJoin
@@ -35,6 +35,7 @@ from secvfl.algorithms.online.parties import (
 )
 from secvfl.algorithms.online.streams import Feed, StreamReplay
 from secvfl.data import make_partition
+from secvfl.errors import ConfigError
 from secvfl.handles import PartyHandle, local_party
 from secvfl.parties import ProtocolHooks
 from secvfl.transport.layers import AlgorithmTraits
@@ -49,6 +50,17 @@ class OnlineVFL(Algorithm):
     it), ``evaluate("test")`` scores the current model on the dataset's held-out test split."""
 
     options_type = OnlineOptions
+    unused_settings = {
+        "lr": "each party takes plain gradient steps of --online-lr",
+        "optimizer": "each party takes plain gradient steps, as in the paper; their size is --online-lr",
+        "weight_decay": "the paper's plain gradient steps have no weight decay",
+        "batch_size": "it learns from one stream sample per round; --samples sets the rounds per epoch",
+        "hidden": "each party's model is one linear layer -> ReLU of width --online-embedding",
+        "embedding_dim": "each party's embedding width is --online-embedding",
+        "head_hidden": "the label party's hidden width is --online-head",
+        "bottom": "each party's model is one linear layer -> ReLU (--online-embedding)",
+    }
+    val_name = "prequential"  # evaluate("val"): the block's prequential score, each sample scored before learning
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
@@ -61,6 +73,14 @@ class OnlineVFL(Algorithm):
             flat = make_partition(data.n_features, cfg.parties)
             if flat.n_blocks == part.n_blocks:
                 part = flat
+        rounds = opts.samples * cfg.epochs
+        if spec.kind == "random" and spec.value * rounds < 1:  # a degenerate value, not a setting
+            raise ConfigError(f"--activation {spec}: a party would be activated in {spec.value * rounds:.2g} of the "
+                              f"run's {rounds} rounds on average, so nothing would train; raise P (random:0.5, or "
+                              "full: every round)")
+        observed = ctx.masks["train"]
+        check_event_threshold(spec, [data.X_train[observed[:, k]][:, np.asarray(cols)].mean(axis=1)
+                                     for k, cols in enumerate(part.blocks)])
         window = self.window_spec(opts)
         n_out = max(2, data.n_classes)
         names = feature_party_names(part.n_blocks)

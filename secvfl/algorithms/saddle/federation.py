@@ -51,7 +51,9 @@ LABEL = "label"
 FORWARD_KIND = "logits"  # A_k x_k: a party's local linear output, summed at the label party
 BACKWARD_KIND = "gradient"  # lambda (EG) or grad l(z) (GD / Nesterov), or the ADMM residual
 CONTROL_KIND = "control"  # setup traffic (power iteration); never compressed
-SADDLE_TRAITS = AlgorithmTraits("eg", "sum", forward_kinds=(FORWARD_KIND,), backward_kinds=(BACKWARD_KIND,))
+# full batch: each link carries the same quantity every round (what error feedback needs; AlgorithmTraits)
+SADDLE_TRAITS = AlgorithmTraits("eg", "sum", forward_kinds=(FORWARD_KIND,), backward_kinds=(BACKWARD_KIND,),
+                                persistent_messages=True)
 
 Array = np.ndarray
 Matrix = np.ndarray | sp.csr_matrix

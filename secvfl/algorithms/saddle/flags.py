@@ -29,7 +29,9 @@ class SaddleOptions(Options):
         None, "eg: block step sizes (scaled, default) or the single theory step "
               "1/2 min{1, 1/sqrt(lambda_max), 1/L_r, 1/L_l}", algos=("eg",))
     saddle_step_mult: float | None = option(
-        None, "eg/gd/nesterov: multiply the step sizes (tuning; default 1)",
+        None, "eg/gd/nesterov: multiply the step sizes (tuning; default 1). Compressed EG with +vr or a ratio below "
+              "0.1 may need less: secvfl reproduce saddle picks it by short pilot runs (a9a: 1 for randk:0.1+ef, 0.2 "
+              "for randk:0.01+vr)",
         check=(lambda v: 0 < v < math.inf, "a finite number > 0"), algos=("eg", "gd", "nesterov"))
     saddle_participation: float | None = option(
         None, "eg: probability that a feature party takes part in an iteration (default 1)",

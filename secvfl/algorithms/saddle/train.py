@@ -50,7 +50,7 @@ from secvfl.algorithms.saddle.federation import (
 )
 from secvfl.algorithms.saddle.flags import SaddleOptions
 from secvfl.algorithms.saddle.methods import build_method
-from secvfl.errors import UnsupportedError
+from secvfl.errors import ConfigError, UnsupportedError
 from secvfl.handles import LocalHandle, PartyHandle
 from secvfl.metrics import classification_metrics
 from secvfl.transport.layers import AlgorithmTraits
@@ -59,9 +59,16 @@ from secvfl.transport.network import Network
 __all__ = ["LinearSaddleTrainer", "EGTrainer", "GDTrainer", "NesterovTrainer", "ADMMTrainer", "SaddleMLPTrainer"]
 
 
-def _traits(name: str, *, persistent: bool = False) -> AlgorithmTraits:
+def _traits(name: str, *, persistent: bool = False, needs_error_feedback: str = "") -> AlgorithmTraits:
     return AlgorithmTraits(name, "sum", forward_kinds=(FORWARD_KIND,), backward_kinds=(BACKWARD_KIND,),
-                           persistent_messages=persistent)
+                           persistent_messages=persistent, needs_error_feedback=needs_error_feedback)
+
+
+# eg-mlp's AlgorithmTraits.needs_error_feedback (`secvfl train --dataset breast_cancer --compress randk:0.1`)
+_MLP_NEEDS_FEEDBACK = ("stochastic ExtraGradient steps on each per-sample output and dual as sent, and a sparsified "
+                       "copy without memory (rand-k: n/k - 1 times its size in error) leaves it below the majority "
+                       "class (randk:0.1: 0.55 test accuracy); its messages name no rows, so error feedback cannot "
+                       "apply either: use a codec (quant:8, fp16)")
 
 
 def _require_complete(ctx: RunContext, name: str) -> None:
@@ -83,6 +90,19 @@ class LinearSaddleTrainer(Algorithm):
     traits: ClassVar[AlgorithmTraits] = _traits("eg", persistent=True)
     options_type = SaddleOptions
     uses_lambda_max: ClassVar[bool] = True  # its step sizes need lambda_max(A^T A) (ADMM's penalty does not)
+    unused_settings = {
+        "lr": "its step sizes come from the problem's smoothness; scale them with --saddle-step-mult",
+        "optimizer": "--algo itself names the method (eg, gd, nesterov, admm)",
+        "batch_size": "it trains on the full batch (eg: --saddle-batch B for stochastic mini-batches)",
+        "hidden": "its model is linear, A_k x_k per party (--algo eg-mlp trains MLPs)",
+        "embedding_dim": "its model is linear: each party sends its share of the logits (--algo eg-mlp trains MLPs)",
+        "head_hidden": "the label party adds the parties' linear outputs, with no head",
+        "bottom": "its model is linear, A_k x_k per party (--algo eg-mlp trains MLPs)",
+        "eval_batch_size": "it evaluates the linear model in one pass",
+    }
+
+    def step_size(self) -> tuple[str, float] | None:
+        return "--saddle-step-mult", self.options.saddle_step_mult or 1.0
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
@@ -96,6 +116,11 @@ class LinearSaddleTrainer(Algorithm):
                                     blocks=part.blocks, loss=_loss_name(ctx), mu=mu, n_classes=data.n_classes,
                                     net=net, intercept=True, wire_dtype=ctx.dtype)
         self.iters = self.options.saddle_iters or 100
+        share = self.options.saddle_participation
+        if share is not None and share * self.iters * cfg.epochs < 1:  # a degenerate value, not a setting
+            raise ConfigError(f"--saddle-participation {share:g}: a feature party would take part in "
+                              f"{share * self.iters * cfg.epochs:.2g} of the run's {self.iters * cfg.epochs} "
+                              "iterations on average, so the model would not train; raise it (1: every iteration)")
         self._method: LinearAlgorithm | None = None
         self._counters = {"t": 0, "round": 0, "avg_count": 0}
 
@@ -193,6 +218,12 @@ class ADMMTrainer(LinearSaddleTrainer):
     name = "admm"
     traits = _traits("admm", persistent=True)
     uses_lambda_max = False
+    unused_settings = {**LinearSaddleTrainer.unused_settings,
+                       "lr": "its steps follow from its penalty --admm-rho",
+                       "batch_size": "it trains on the full batch"}
+
+    def step_size(self) -> tuple[str, float] | None:
+        return None  # its steps are exact minimisations under the penalty --admm-rho
 
 
 @ALGORITHMS.register("eg-mlp")
@@ -200,8 +231,13 @@ class SaddleMLPTrainer(Algorithm):
     """Stochastic ExtraGradient with MLP bottom models and per-sample z, lambda (non-convex extension)."""
 
     name = "eg-mlp"
-    traits = _traits("eg-mlp")
+    traits = _traits("eg-mlp", needs_error_feedback=_MLP_NEEDS_FEEDBACK)
     options_type = SaddleOptions
+    unused_settings = {
+        "embedding_dim": "each party's MLP outputs its share of the logits, one value per class",
+        "head_hidden": "the label party adds the parties' outputs, with no head",
+        "bottom": "each party's model is an MLP of widths --hidden",
+    }
 
     def __init__(self, ctx: RunContext, net: Network) -> None:
         from secvfl.algorithms.saddle.mlp import build_mlp_saddle
@@ -230,7 +266,7 @@ class SaddleMLPTrainer(Algorithm):
     def evaluate(self, split: str) -> dict[str, float]:
         if self.ctx.rows(split) == 0:
             return {}
-        s = self.algo.predict_scores(split)
+        s = self.algo.predict_scores(split, self.cfg.eval_batch_size)
         lab = self.algo.label
         return classification_metrics(lab.labels(split), lab.loss.proba(s))
 

@@ -21,35 +21,46 @@ from secvfl.algorithms.base import (
 )
 from secvfl.algorithms.vim.explain import explain_report
 from secvfl.algorithms.vim.options import VIMOptions
-from secvfl.config import TrainConfig
 from secvfl.errors import ConfigError
 from secvfl.handles import FeatureHandle, LabelHandle
 from secvfl.models import make_bottom, output_dim
+from secvfl.parties import optimizer_kernels
 from secvfl.transport.network import Network
 
-__all__ = ["VIMAlgorithm", "party_sgd", "label_sgd", "INDIVIDUAL_EMBEDDINGS"]
+__all__ = ["VIMAlgorithm", "party_sgd", "label_sgd", "INDIVIDUAL_EMBEDDINGS", "SGD_NEEDS_FEEDBACK",
+           "ADMM_NEEDS_FEEDBACK", "ADMM_EXACT_LOGITS"]
 
 # AlgorithmTraits.individual_outputs of vimsgd and vimadmm (why CKKS and masking refuse them)
 INDIVIDUAL_EMBEDDINGS = ("the label party needs each party's embedding h^k to step that party's head W_k; use "
                          "--algo vimadmm-j, whose label party needs only the sum of the parties' logits")
 
+# AlgorithmTraits.needs_error_feedback / exact_outputs (why compression without error feedback, or of the outputs,
+# is refused); the figures are `secvfl train --dataset breast_cancer --compress SPEC` with the defaults
+SGD_NEEDS_FEEDBACK = ("every party and the label party step with SGD at --vim-lr (0.3) on each gradient as it arrives, "
+                      "and without memory a sparsified gradient's error (for rand-k n/k - 1 times its size) makes the "
+                      "steps diverge (randk:0.1: non-finite gradients in the first epoch); add +ef (randk:0.1+ef: "
+                      "0.93 test accuracy) or use a codec (quant:8, fp16)")
+ADMM_NEEDS_FEEDBACK = ("the parties take --vim-local-steps steps towards each round's dual and residual, so a "
+                       "sparsified dual or residual without memory is a wrong target every round (randk:0.1: 0.47 "
+                       "test accuracy, below the majority class); add +ef (randk:0.1+ef) or use a codec (quant:8, "
+                       "fp16)")
+ADMM_EXACT_LOGITS = ("the label party solves each row's z-update from the sum of the parties' logits, and a per-batch "
+                     "output keeps no error-feedback memory, so a sparsified logit row is a wrong sum (binary tasks: "
+                     "top-k keeps one row in ten; breast_cancer, topk:0.1+ef: 0.62 test accuracy); compress the "
+                     "backward direction only (--compress-backward randk:0.1+ef: 0.99) or use a codec (quant:8, fp16)")
 
-def party_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer:  # noqa: ANN001 - parameters
-    """The parties' optimiser: SGD with momentum and weight decay beta (the paper's setting)."""
-    return torch.optim.SGD(params, lr=lr, momentum=options.vim_momentum, weight_decay=options.vim_beta)
+def party_sgd(params, options: VIMOptions, lr: float, beta: float,  # noqa: ANN001 - parameters
+              device: torch.device | None = None) -> torch.optim.Optimizer:
+    """The parties' optimiser: SGD with momentum and weight decay beta (the paper's setting); ``device``: where the
+    parameters are (fused kernels on CUDA, :func:`~secvfl.parties.optimizer_kernels`)."""
+    return torch.optim.SGD(params, lr=lr, momentum=options.vim_momentum, weight_decay=beta,
+                           **optimizer_kernels(device))
 
 
-def label_sgd(params, options: VIMOptions, lr: float) -> torch.optim.Optimizer:  # noqa: ANN001 - parameters
+def label_sgd(params, options: VIMOptions, lr: float, beta: float,  # noqa: ANN001 - parameters
+              device: torch.device | None = None) -> torch.optim.Optimizer:
     """The label party's optimiser: plain SGD with weight decay beta."""
-    return torch.optim.SGD(params, lr=lr, weight_decay=options.vim_beta)
-
-
-def _refuse_core_optimiser_flags(cfg: TrainConfig, algo: str) -> None:
-    given = [flag for flag, name in (("--lr", "lr"), ("--optimizer", "optimizer"), ("--weight-decay", "weight_decay"))
-             if getattr(cfg, name) != getattr(TrainConfig, name)]
-    if given:
-        raise ConfigError(f"{'/'.join(given)} do{'es' * (len(given) == 1)} not apply to --algo {algo}, which trains "
-                          f"with SGD: set its step size with --vim-lr and its L2 weight with --vim-beta")
+    return torch.optim.SGD(params, lr=lr, weight_decay=beta, **optimizer_kernels(device))
 
 
 class VIMAlgorithm(FeatureLabelAlgorithm):
@@ -59,6 +70,12 @@ class VIMAlgorithm(FeatureLabelAlgorithm):
 
     options_type = VIMOptions
     aggregated: ClassVar[bool] = False
+    unused_settings = {
+        "lr": "it trains with SGD at its own step size, --vim-lr",
+        "optimizer": "it trains with SGD (momentum --vim-momentum at the parties); its step size is --vim-lr",
+        "weight_decay": "its L2 weight is --vim-beta",
+        "head_hidden": "its label party's heads are linear, one W_k per party (--embedding-dim sets their input d_f)",
+    }
 
     def message_widths(self) -> dict[str, int]:
         # the parties' outputs: embeddings h^k (VIMSGD, VIMADMM) or local logits h^k W_k (VIMADMM-J)
@@ -67,13 +84,14 @@ class VIMAlgorithm(FeatureLabelAlgorithm):
     def __init__(self, ctx: RunContext, net: Network) -> None:
         super().__init__(ctx, net)
         cfg, data, part = ctx.config, ctx.data, ctx.partition
-        _refuse_core_optimiser_flags(cfg, self.name)
         self.options = cfg.options_for(VIMOptions)
         self.lr = self.options.lr_for(self.name)
+        self.beta = self.options.beta_for(self.name)
         self.d_f, self.d_c = cfg.embedding_dim, output_dim(data.n_classes)
         self.feature_handles: list[FeatureHandle] = []
         for k, name in enumerate(feature_party_names(part.n_blocks)):
-            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), self.d_f, list(cfg.hidden), part.block_shapes[k])
+            bottom = make_bottom(cfg.bottom, len(part.blocks[k]), self.d_f, list(cfg.hidden), part.block_shapes[k],
+                                 channels=part.channels).to(device=ctx.device, dtype=ctx.dtype)
             blocks = {s: part.take(getattr(data, f"X_{s}"), k) for s in ("train", "val", "test")}
             observed = {s: ctx.masks[s][:, k] for s in ("train", "val", "test")}
             self.feature_handles.append(self.make_party(name, bottom, blocks, observed))

@@ -56,4 +56,4 @@ class ADMMLabelHandle(HeadsLabelHandle):
         Returns the batch loss (before the round's updates)."""
         loss, messages = self._party.admm_step(step, ids, self._take(), senders, aggregated=self._aggregated)
         self._send(messages)
-        return loss
+        return float(loss)  # after the send: on a GPU the round has run by now, so reading it does not wait

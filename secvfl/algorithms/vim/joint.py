@@ -19,7 +19,7 @@ from torch import nn
 
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import LABEL_PARTY
-from secvfl.algorithms.vim.base import VIMAlgorithm, party_sgd
+from secvfl.algorithms.vim.base import ADMM_EXACT_LOGITS, ADMM_NEEDS_FEEDBACK, VIMAlgorithm, party_sgd
 from secvfl.algorithms.vim.handles import ADMMFeatureHandle, ADMMLabelHandle
 from secvfl.algorithms.vim.model import BOTTOM, HEAD, local_model
 from secvfl.algorithms.vim.parties import DUAL_KIND, ADMMFeatureParty, ADMMLabelParty
@@ -34,14 +34,16 @@ class VIMADMMJoint(VIMAlgorithm):
     name = "vimadmm-j"
     aggregated = True
     traits = AlgorithmTraits("vimadmm-j", "sum", forward_kinds=("logits",), backward_kinds=(DUAL_KIND,),
-                             gradient_based=False)
+                             gradient_based=False, needs_error_feedback=ADMM_NEEDS_FEEDBACK,
+                             exact_outputs=ADMM_EXACT_LOGITS)
 
     def make_party(self, name: str, bottom: nn.Module, blocks: dict[str, np.ndarray],
                    observed: dict[str, np.ndarray]) -> FeatureHandle:
         ctx, o = self.ctx, self.options
-        model = local_model(bottom, self.d_f, self.d_c)
-        party = ADMMFeatureParty(name, blocks, model, party_sgd(model[BOTTOM].parameters(), o, self.lr),
-                                 head_optimizer=party_sgd(model[HEAD].parameters(), o, self.lr),
+        model = local_model(bottom, self.d_f, self.d_c).to(device=ctx.device, dtype=ctx.dtype)
+        party = ADMMFeatureParty(name, blocks, model,
+                                 party_sgd(model[BOTTOM].parameters(), o, self.lr, self.beta, ctx.device),
+                                 head_optimizer=party_sgd(model[HEAD].parameters(), o, self.lr, self.beta, ctx.device),
                                  rho=o.rho_for(self.name), local_steps=o.vim_local_steps,
                                  prox=o.prox_for(self.name, self.ctx.partition.n_blocks), joint=True, algo=self.name,
                                  device=ctx.device, dtype=ctx.dtype, observed=observed)

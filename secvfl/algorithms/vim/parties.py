@@ -22,6 +22,7 @@ from torch import nn
 from secvfl.algorithms.vim.model import BOTTOM, HEAD, PartyHeads
 from secvfl.algorithms.vim.noise import NoisyFeatureParty
 from secvfl.algorithms.vim.zsolve import solve_z
+from secvfl.device import index_tensor, to_device
 from secvfl.errors import PartyIsolationError, ProtocolError, UnsupportedError
 from secvfl.messages import Message, register_kind
 from secvfl.parties import (
@@ -37,6 +38,7 @@ __all__ = ["ADMMFeatureParty", "ADMMLabelParty", "DUAL_KIND", "HEAD_KIND", "RESI
 DUAL_KIND = register_kind("dual")  # label party -> party k: lambda_B and the residual s^k_B (VIMADMM-J: z - sum o)
 HEAD_KIND = register_kind("head")  # label party -> party k (VIMADMM): its linear head W_k
 RESIDUALS = ("new-heads", "round-start")  # VIMADMM's residual s^k: see ADMMLabelParty
+HEAD_HALVINGS = 20  # the most times VIMADMM's head step is halved in one round (ADMMLabelParty._head_step)
 
 _NO_FEATURE_DP = (
     "feature DP accounts one clipped, noised gradient per row and epoch through the party's release rule, but a "
@@ -63,35 +65,148 @@ def admm_objective(out: torch.Tensor, lam: torch.Tensor, residual: torch.Tensor,
 
 
 class _LocalSteps:
-    """The parties' local SGD-with-momentum steps, safeguarded by adaptive restart (O'Donoghue and Candes, 2015):
-    when the local objective rises from one step to the next, the momentum is reset and the step size halved for the
-    rest of the round (restored after it). On a round whose objective only falls it is plain SGD with momentum, the
-    paper's local solver; it stops the tau steps from blowing up a party's parameters when the step size is too large
-    for the curvature of its objective (rho ||W_k||^2 times that of its bottom model)."""
+    """The parties' local SGD-with-momentum steps, safeguarded by adaptive restart (O'Donoghue and Candes, 2015) and
+    step rejection: when the local objective rises from one step to the next, the momentum is reset; when it blows up
+    (rises by more than its own size), the step that caused it is undone -- every parameter goes back to where it was
+    before that step -- and the step size is halved for the rest of the round (restored after it). On a round whose
+    objective only falls it is plain SGD with momentum, the paper's local solver. Undoing the step matters: the step
+    size a party can take is set by the curvature of its objective (rho ||W_k||^2 times that of its bottom model,
+    rho ||h^k||^2 for its own head), which the data set, not the defaults, decides; a blown-up step kept would leave
+    the party's outputs in a region where the next rounds diverge (VIMADMM-J on digits at 10x the default step size:
+    non-finite outputs after 65 rounds). ``optimizers``: every optimiser that steps in the round (the bottom model's;
+    VIMADMM-J's own head's too, whose step comes first)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
-        self.lrs = [g["lr"] for g in optimizer.param_groups]
+    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
+        self.optimizers = optimizers
+        self.lrs = [[g["lr"] for g in o.param_groups] for o in optimizers]
+        self.params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
         self.previous = math.inf
+        self.saved: list[torch.Tensor] | None = None  # the parameters where ``previous`` was measured
         self.restarts = 0
+        self.rejected = 0
 
     def step(self, value: float) -> None:
-        if value > self.previous:
+        """``value``: the objective at the current parameters (the bottom model's gradients computed there); steps
+        the bottom model's optimiser, or, when ``value`` blew up, puts every parameter back where the last accepted
+        ``value`` was measured (undoing the steps since: the bottom model's, and VIMADMM-J's head step before it)."""
+        if not math.isfinite(value) or value > self.previous:
             self.restarts += 1
-            blow_up = value - self.previous > abs(self.previous)  # not momentum's ripple: the step is too large
-            for group in self.optimizer.param_groups:
-                if blow_up:
-                    group["lr"] *= 0.5
-                for p in group["params"]:
-                    buffer = self.optimizer.state.get(p, {}).get("momentum_buffer")
-                    if buffer is not None:
-                        buffer.zero_()
+            for o in self.optimizers:
+                for group in o.param_groups:
+                    for p in group["params"]:
+                        buffer = o.state.get(p, {}).get("momentum_buffer")
+                        if buffer is not None:
+                            buffer.zero_()
+            blow_up = not math.isfinite(value) or value - self.previous > abs(self.previous)
+            if blow_up and self.saved is not None:  # undo it
+                self.rejected += 1
+                with torch.no_grad():
+                    for p, before in zip(self.params, self.saved, strict=True):
+                        p.copy_(before)
+                for o in self.optimizers:
+                    for group in o.param_groups:
+                        group["lr"] *= 0.5
+                return  # back at the point whose objective was self.previous
         self.previous = value
-        self.optimizer.step()
+        self.saved = [p.detach().clone() for p in self.params]
+        self.optimizers[0].step()
+
+    def step_other(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step one of the other optimisers of the round (VIMADMM-J's own head, before the bottom model's step)."""
+        optimizer.step()
 
     def restore(self) -> None:
-        for group, lr in zip(self.optimizer.param_groups, self.lrs, strict=True):
-            group["lr"] = lr
+        for o, lrs in zip(self.optimizers, self.lrs, strict=True):
+            for group, lr in zip(o.param_groups, lrs, strict=True):
+                group["lr"] = lr
+
+
+class _DeviceLocalSteps:
+    """:class:`_LocalSteps` decided on the parties' device: the objective is never read on the host, so on a GPU the
+    tau steps queue without a wait between them (:mod:`secvfl.device`).
+
+    The momentum reset multiplies the buffers by 0 or 1; undoing a blown-up step copies the saved parameters back
+    where a 0/1 mask says so; the halved step size is carried as a factor on the gradients instead of the learning
+    rate (the weight decay is added to the gradient first, as torch's SGD does, and taken out of the optimisers for
+    the round), and a rejected step is a step with factor 0 on buffers just reset. The factor is a power of two and
+    the reset zeroes the buffers whenever it changes, so the parameters move exactly as with :class:`_LocalSteps`
+    (one reads the other's steps bit for bit on the CPU: ``tests/test_device.py``)."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
+        self.optimizers = optimizers
+        self.decays = [[g["weight_decay"] for g in o.param_groups] for o in optimizers]
+        for o in optimizers:
+            for group in o.param_groups:
+                group["weight_decay"] = 0.0
+        self.params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
+        self.previous: torch.Tensor | None = None
+        self.scale: torch.Tensor | None = None
+        self.saved: list[torch.Tensor] | None = None
+        self._restarts: torch.Tensor | None = None
+        self._rejected: torch.Tensor | None = None
+
+    @property
+    def restarts(self) -> int:
+        return 0 if self._restarts is None else int(self._restarts)  # (read on the host: a wait, outside the steps)
+
+    @property
+    def rejected(self) -> int:
+        return 0 if self._rejected is None else int(self._rejected)
+
+    def _scale_gradients(self, index: int, factor: torch.Tensor) -> None:
+        o = self.optimizers[index]
+        for group, decay in zip(o.param_groups, self.decays[index], strict=True):
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if decay:
+                    p.grad.add_(p.detach(), alpha=decay)
+                p.grad.mul_(factor)
+
+    def step(self, value: torch.Tensor) -> None:
+        value = value.detach()
+        if self.previous is None:
+            self.previous = torch.full_like(value, math.inf)
+            self.scale = torch.ones_like(value)
+            self._restarts = torch.zeros((), dtype=torch.int64, device=value.device)
+            self._rejected = torch.zeros((), dtype=torch.int64, device=value.device)
+        finite = torch.isfinite(value)
+        rising = ~finite | (value > self.previous)
+        blow_up = rising & (~finite | (value - self.previous > self.previous.abs()))
+        if self.saved is None:
+            blow_up = torch.zeros_like(blow_up)  # nothing to go back to yet: the host path keeps the step too
+        self._restarts += rising
+        self._rejected += blow_up
+        keep = (~rising).to(value.dtype)
+        for o in self.optimizers:
+            for group in o.param_groups:
+                for p in group["params"]:
+                    buffer = o.state.get(p, {}).get("momentum_buffer")
+                    if buffer is not None:
+                        buffer.mul_(keep)
+        with torch.no_grad():
+            if self.saved is not None:
+                for p, before in zip(self.params, self.saved, strict=True):
+                    p.copy_(torch.where(blow_up, before, p))
+        self.scale = torch.where(blow_up, self.scale * 0.5, self.scale)
+        self.previous = torch.where(blow_up, self.previous, value)
+        self.saved = [p.detach().clone() for p in self.params]
+        self._scale_gradients(0, self.scale * (~blow_up).to(value.dtype))
+        self.optimizers[0].step()
+
+    def step_other(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step one of the other optimisers of the round at the round's current factor (VIMADMM-J's own head)."""
+        index = next(i for i, o in enumerate(self.optimizers) if o is optimizer)
+        if self.scale is not None:
+            self._scale_gradients(index, self.scale)
+        elif any(self.decays[index]):
+            self._scale_gradients(index, torch.ones((), dtype=self.params[0].dtype, device=self.params[0].device))
+        optimizer.step()
+
+    def restore(self) -> None:
+        for o, decays in zip(self.optimizers, self.decays, strict=True):
+            for group, decay in zip(o.param_groups, decays, strict=True):
+                group["weight_decay"] = decay
 
 
 class ADMMFeatureParty(NoisyFeatureParty):
@@ -114,6 +229,8 @@ class ADMMFeatureParty(NoisyFeatureParty):
         self.rho, self.local_steps, self.joint, self.algo = rho, local_steps, joint, algo
         self.head_optimizer = head_optimizer
         self.prox = float(prox)
+        # the local steps' safeguard decided on the device (no host read per step) wherever that is not the CPU
+        self.steps_on_device = device.type != "cpu"
 
     def install_release_rule(self, make: Callable[[nn.Module], ReleaseRule]) -> None:
         raise UnsupportedError(_NO_FEATURE_DP.format(algo=self.algo))
@@ -126,8 +243,8 @@ class ADMMFeatureParty(NoisyFeatureParty):
             raise PartyIsolationError(f"{self.name} received a dual without a pending forward pass")
         x, out, held = self._pending
         self._pending = None
-        lam = dual.tensor("dual").to(device=self.device, dtype=out.dtype)
-        residual = dual.tensor("residual").to(device=self.device, dtype=out.dtype)
+        lam = to_device(dual.tensor("dual"), self.device, out.dtype)
+        residual = to_device(dual.tensor("residual"), self.device, out.dtype)
         if lam.dim() != 2 or lam.shape[0] != out.shape[0] or residual.shape != lam.shape or \
                 (self.joint and lam.shape != out.shape):
             raise PartyIsolationError(f"{self.name}: dual {tuple(lam.shape)} / residual {tuple(residual.shape)} for "
@@ -138,7 +255,7 @@ class ADMMFeatureParty(NoisyFeatureParty):
         else:
             if head is None:
                 raise PartyIsolationError(f"{self.name}: VIMADMM's local update needs its head W_k")
-            weight = require_wire(head, self.name).tensor("weight").to(device=self.device, dtype=out.dtype)
+            weight = to_device(require_wire(head, self.name).tensor("weight"), self.device, out.dtype)
             if weight.shape != (out.shape[1], lam.shape[1]):
                 raise PartyIsolationError(f"{self.name}: head of shape {tuple(weight.shape)} for output "
                                           f"{tuple(out.shape)} and dual {tuple(lam.shape)}")
@@ -153,7 +270,8 @@ class ADMMFeatureParty(NoisyFeatureParty):
         def objective(o: torch.Tensor) -> torch.Tensor:
             return admm_objective(o, lam, residual, self.rho, anchor=anchor, prox=self.prox)
 
-        steps = _LocalSteps(self.optimizer)
+        optimizers = (self.optimizer, *([self.head_optimizer] if self.joint else []))
+        steps = _DeviceLocalSteps(*optimizers) if self.steps_on_device else _LocalSteps(*optimizers)
         try:
             for _ in range(self.local_steps):
                 if self.joint:
@@ -163,7 +281,7 @@ class ADMMFeatureParty(NoisyFeatureParty):
                         h = bottom(x)
                     self.head_optimizer.zero_grad(set_to_none=True)  # eq. 19: W_k with the bottom model fixed
                     objective(held_rows(own_head(h))).backward()
-                    self.head_optimizer.step()
+                    steps.step_other(self.head_optimizer)
                     self.optimizer.zero_grad(set_to_none=True)  # eq. 20: the bottom model with the new W_k
                     value = objective(held_rows(own_head(bottom(x))))
                     value.backward()
@@ -173,7 +291,7 @@ class ADMMFeatureParty(NoisyFeatureParty):
                     self.optimizer.zero_grad(set_to_none=True)
                     value = objective(held_rows(self.model(x)) @ weight)
                     value.backward()
-                steps.step(float(value.detach()))
+                steps.step(value.detach() if self.steps_on_device else float(value.detach()))
         finally:
             steps.restore()
 
@@ -203,7 +321,7 @@ class ADMMLabelParty(LabelParty):
     eq. 8 holds the other heads: party k's block (W_k, theta_k) is then stepped against the others' round-start
     outputs. With ``"new-heads"`` the starting gradient of every party's eq. 10 also holds ``rho sum_i h^i (W_i^{t+1}
     - W_i^t)``, the move of all 14 heads together, and on MNIST (14 parties, eta 0.05-0.1) the rounds blow up within
-    the first epoch; with ``"round-start"`` they train (BENCHMARKS.md "VIMADMM: the residual")."""
+    the first epoch; with ``"round-start"`` they train (the git history of BENCHMARKS.md, "VIMADMM: the residual")."""
 
     def __init__(self, name: str, labels: dict[str, np.ndarray], head: nn.Module,
                  optimizer: torch.optim.Optimizer | None, n_classes: int, *, outputs: int, rho: float, tol: float,
@@ -218,6 +336,7 @@ class ADMMLabelParty(LabelParty):
         self.rho, self.tol = rho, tol
         self.lam = torch.zeros(len(labels["train"]), outputs, dtype=dtype, device=device)
         self.newton_steps = 0  # the z-updates' Newton steps so far (all rounds), for benchmarks
+        self.head_backtracks_exhausted = 0  # rounds whose head step found no descent (see _head_step)
 
     @property
     def backward_rule(self) -> BackwardRule:
@@ -237,19 +356,19 @@ class ADMMLabelParty(LabelParty):
         raise UnsupportedError(f"the {self.algo} label party trains by admm_step, not by a backward pass")
 
     def admm_step(self, step: int, ids: np.ndarray, inputs: Sequence[Message], senders: Sequence[str], *,
-                  aggregated: bool) -> tuple[float, list[Message]]:
+                  aggregated: bool) -> tuple[torch.Tensor, list[Message]]:
         """One round at the label party: z (eq. 6/16), lambda (eq. 7/17), for VIMADMM one SGD step of the heads
-        (eq. 8) and the residuals (eq. 9); returns the batch loss before the round and the messages to send."""
-        xs = [require_wire(m, self.name).tensor(self.input_kind).to(device=self.device, dtype=self.dtype)
-              for m in inputs]
+        (eq. 8) and the residuals (eq. 9); returns the batch loss before the round (a one-element tensor, to read
+        once the messages are sent) and the messages to send."""
+        xs = [to_device(require_wire(m, self.name).tensor(self.input_kind), self.device, self.dtype) for m in inputs]
         y = self.labels("train", ids)
         if y.is_floating_point():
             raise ProtocolError(f"{self.algo}: the label party's training labels are not class labels")
-        rows = torch.as_tensor(np.asarray(ids), device=self.device)
+        rows = index_tensor(np.asarray(ids), self.device)
         self.head.train()
         with torch.no_grad():
             v = self._forward(xs, aggregated, None)
-            loss = float(self.loss_fn(v, y))
+            loss = self.loss_fn(v, y)
         z, steps = solve_z(v, self.lam[rows], y, self.rho, tol=self.tol)
         self.newton_steps += steps
         lam = self.lam[rows] + self.rho * (v - z)
@@ -267,9 +386,7 @@ class ADMMLabelParty(LabelParty):
 
         if self.residual == "round-start":  # the others' outputs with the heads W^t that v (and z) came from
             parts, full = outputs()
-        self.optimizer.zero_grad(set_to_none=True)  # eq. 8: one SGD step of every head at the new lambda and z
-        admm_objective(self.head(xs), lam, z, self.rho).backward()
-        self.optimizer.step()
+        self._head_step(xs, lam, z)  # eq. 8: one SGD step of every head at the new lambda and z
         if self.residual == "new-heads":
             parts, full = outputs()
         messages = []
@@ -282,6 +399,44 @@ class ADMMLabelParty(LabelParty):
                 messages.append(Message(HEAD_KIND, self.name, s, step, {"weight": self.head.weights[k].detach()},
                                         meta={"persistent": True}))
         return loss, messages
+
+    def _head_step(self, xs: list[torch.Tensor], lam: torch.Tensor, z: torch.Tensor) -> None:
+        """Eq. 8, one SGD step of every head ``W_k`` and the bias on ``lam^T o + rho/2 ||z - o||^2`` (plus the weight
+        decay's ``beta/2 ||W||^2``), backtracked: a step that raises that objective is undone and taken again at half
+        the step size (at most :data:`HEAD_HALVINGS` times; the step size is back for the next round). The objective
+        is quadratic in the heads with curvature up to ``rho lambda_max(H^T H) / B``, ``H`` every party's embeddings
+        side by side: it grows with the number of parties and the size of their embeddings, which the data decide, so
+        no fixed step size is safe everywhere (VIMADMM at --vim-lr 0.3 on digits diverged in its first epoch). A step
+        that descends, as every step did at the defaults, is taken as it is."""
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        decay = [g["weight_decay"] for g in self.optimizer.param_groups for _ in g["params"]]
+
+        def decay_term() -> torch.Tensor:  # the optimiser adds its gradient (weight decay): it is not backpropagated
+            with torch.no_grad():
+                return sum((0.5 * w * (q ** 2).sum() for w, q in zip(decay, params, strict=True) if w),
+                           torch.zeros((), dtype=self.dtype, device=self.device))
+
+        before = [q.detach().clone() for q in params]
+        lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = admm_objective(self.head(xs), lam, z, self.rho)
+        loss.backward()
+        start = loss.detach() + decay_term()
+        try:
+            for _ in range(HEAD_HALVINGS + 1):
+                self.optimizer.step()
+                with torch.no_grad():
+                    # compared on the device: one read per round on the common path (a GPU waits once)
+                    if bool(admm_objective(self.head(xs), lam, z, self.rho) + decay_term() <= start):
+                        return
+                    for q, b in zip(params, before, strict=True):
+                        q.copy_(b)
+                for g in self.optimizer.param_groups:
+                    g["lr"] *= 0.5
+            self.head_backtracks_exhausted += 1  # no descent even at 2^-20 of the step: the heads keep their values
+        finally:
+            for g, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+                g["lr"] = lr
 
     def state_dict(self) -> dict:
         state = {"head": self.head.state_dict(), "lam": self.lam.clone()}

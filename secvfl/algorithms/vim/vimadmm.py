@@ -19,7 +19,13 @@ from torch import nn
 
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import LABEL_PARTY
-from secvfl.algorithms.vim.base import INDIVIDUAL_EMBEDDINGS, VIMAlgorithm, label_sgd, party_sgd
+from secvfl.algorithms.vim.base import (
+    ADMM_NEEDS_FEEDBACK,
+    INDIVIDUAL_EMBEDDINGS,
+    VIMAlgorithm,
+    label_sgd,
+    party_sgd,
+)
 from secvfl.algorithms.vim.handles import ADMMFeatureHandle, ADMMLabelHandle
 from secvfl.algorithms.vim.model import PartyHeads
 from secvfl.algorithms.vim.parties import DUAL_KIND, HEAD_KIND, ADMMFeatureParty, ADMMLabelParty
@@ -34,12 +40,13 @@ class VIMADMM(VIMAlgorithm):
     name = "vimadmm"
     # gradient_based=False: it sends duals and residuals, no gradients, so the gradient DP mechanism has nothing to do
     traits = AlgorithmTraits("vimadmm", "concat", backward_kinds=(DUAL_KIND, HEAD_KIND), gradient_based=False,
-                             individual_outputs=INDIVIDUAL_EMBEDDINGS)
+                             individual_outputs=INDIVIDUAL_EMBEDDINGS, needs_error_feedback=ADMM_NEEDS_FEEDBACK)
 
     def make_party(self, name: str, bottom: nn.Module, blocks: dict[str, np.ndarray],
                    observed: dict[str, np.ndarray]) -> FeatureHandle:
         ctx, o = self.ctx, self.options
-        party = ADMMFeatureParty(name, blocks, bottom, party_sgd(bottom.parameters(), o, self.lr),
+        party = ADMMFeatureParty(name, blocks, bottom,
+                                 party_sgd(bottom.parameters(), o, self.lr, self.beta, ctx.device),
                                  rho=o.rho_for(self.name), local_steps=o.vim_local_steps,
                                  prox=o.prox_for(self.name, self.ctx.partition.n_blocks), joint=False, algo=self.name,
                                  device=ctx.device, dtype=ctx.dtype, observed=observed)
@@ -47,8 +54,11 @@ class VIMADMM(VIMAlgorithm):
 
     def make_label(self, labels: dict[str, np.ndarray], n_classes: int) -> LabelHandle:
         o = self.options
-        heads = PartyHeads(self.ctx.partition.n_blocks, self.d_f, self.d_c)
-        party = ADMMLabelParty(LABEL_PARTY, labels, heads, label_sgd(heads.parameters(), o, self.lr), n_classes,
+        heads = PartyHeads(self.ctx.partition.n_blocks, self.d_f, self.d_c).to(device=self.ctx.device,
+                                                                              dtype=self.ctx.dtype)
+        party = ADMMLabelParty(LABEL_PARTY, labels, heads,
+                               label_sgd(heads.parameters(), o, self.lr, self.beta, self.ctx.device),
+                               n_classes,
                                outputs=self.d_c, rho=o.rho_for(self.name), tol=o.vim_z_tol, algo=self.name,
                                device=self.ctx.device, dtype=self.ctx.dtype, residual=o.vim_residual)
         return ADMMLabelHandle(party, self.net)

@@ -13,7 +13,13 @@ from torch import nn
 
 from secvfl.algorithms import ALGORITHMS
 from secvfl.algorithms.base import LABEL_PARTY
-from secvfl.algorithms.vim.base import INDIVIDUAL_EMBEDDINGS, VIMAlgorithm, label_sgd, party_sgd
+from secvfl.algorithms.vim.base import (
+    INDIVIDUAL_EMBEDDINGS,
+    SGD_NEEDS_FEEDBACK,
+    VIMAlgorithm,
+    label_sgd,
+    party_sgd,
+)
 from secvfl.algorithms.vim.handles import HeadsLabelHandle
 from secvfl.algorithms.vim.model import PartyHeads
 from secvfl.algorithms.vim.noise import NoisyFeatureHandle, NoisyFeatureParty
@@ -27,18 +33,22 @@ __all__ = ["VIMSGD"]
 @ALGORITHMS.register("vimsgd")
 class VIMSGD(VIMAlgorithm):
     name = "vimsgd"
-    traits = AlgorithmTraits("vimsgd", "concat", individual_outputs=INDIVIDUAL_EMBEDDINGS)
+    traits = AlgorithmTraits("vimsgd", "concat", individual_outputs=INDIVIDUAL_EMBEDDINGS,
+                             needs_error_feedback=SGD_NEEDS_FEEDBACK)
 
     def make_party(self, name: str, bottom: nn.Module, blocks: dict[str, np.ndarray],
                    observed: dict[str, np.ndarray]) -> FeatureHandle:
         ctx = self.ctx
-        party = NoisyFeatureParty(name, blocks, bottom, party_sgd(bottom.parameters(), self.options, self.lr),
+        party = NoisyFeatureParty(name, blocks, bottom, party_sgd(bottom.parameters(), self.options, self.lr,
+                                                                  self.beta, ctx.device),
                                   device=ctx.device, dtype=ctx.dtype, observed=observed)
         return NoisyFeatureHandle(party, self.net)
 
     def make_label(self, labels: dict[str, np.ndarray], n_classes: int) -> LabelHandle:
-        heads = PartyHeads(self.ctx.partition.n_blocks, self.d_f, self.d_c)
-        party = LabelParty(LABEL_PARTY, labels, heads, label_sgd(heads.parameters(), self.options, self.lr),
+        heads = PartyHeads(self.ctx.partition.n_blocks, self.d_f, self.d_c).to(device=self.ctx.device,
+                                                                              dtype=self.ctx.dtype)
+        party = LabelParty(LABEL_PARTY, labels, heads, label_sgd(heads.parameters(), self.options, self.lr,
+                                                                 self.beta, self.ctx.device),
                            n_classes, device=self.ctx.device, dtype=self.ctx.dtype)
         return HeadsLabelHandle(party, self.net)
 
