@@ -177,6 +177,7 @@ def _psi_party(fed_path: str, name: str, ids_file: str, peers: list[str], worker
         import pyarrow.parquet as pq
 
         from protocols.psi import Workers, align_rows_with_peers
+        from secvfl.deploy.limits import startup_limits
         from secvfl.deploy.party import Timeouts, make_transport, run_names
         from secvfl.federation import load_federation
         from secvfl.transport.layers import Role
@@ -190,7 +191,8 @@ def _psi_party(fed_path: str, name: str, ids_file: str, peers: list[str], worker
         t0 = time.perf_counter()
         ids = pq.read_table(ids_file, columns=["id"]).column("id").combine_chunks()
         read_seconds = time.perf_counter() - t0
-        transport = make_transport(federation, name, Timeouts(wait=7200.0, peer=300.0, heartbeat=2.0), lambda s: None)
+        transport = make_transport(federation, name, Timeouts(wait=7200.0, peer=300.0, heartbeat=2.0), lambda s: None,
+                                   startup_limits(federation, ids))  # as `secvfl launch` receives the PSI
         roles = {runs[p.name]: Role.LABEL if p.name == federation.label_party else Role.FEATURE
                  for p in federation.parties if p.name in [name, *peers]}
         net = Network(roles, transport=transport)

@@ -205,7 +205,7 @@ def serve_party(federation: Federation, name: str, *, state_dir: Path, data_dir:
     me = runs[name]
     coordinator = runs[federation.label_party]
     transport = make_transport(federation, name, timeouts, log,
-                               startup_limits(federation, None if own is None else len(own.ids)))
+                               startup_limits(federation, None if own is None else own.ids))
     server = PartyServer(me, transport, coordinator, idle_timeout=timeouts.idle, log=log)
     held: dict[str, Any] = {}
 
@@ -326,7 +326,7 @@ def coordinate(federation: Federation, cfg: TrainConfig, *, out: Path | None, re
     runs = run_names(federation)
     me = runs[federation.label_party]
     transport = make_transport(federation, federation.label_party, timeouts, log,
-                               startup_limits(federation, None if own is None else len(own.ids)))
+                               startup_limits(federation, None if own is None else own.ids))
     link = PartyLink(transport, me)
     remote = [runs[p.name] for p in federation.feature_parties]
     helpers = [AGGREGATOR] if federation.aggregator is not None else []  # parties without a handle

@@ -35,6 +35,7 @@ import torch
 
 from secvfl.checkpoint import read_party_states
 from secvfl.deploy.data import load_run_layout, uses_data_files
+from secvfl.deploy.limits import serve_limits
 from secvfl.deploy.party import AGGREGATOR, Timeouts, check_across_processes, make_transport, run_names
 from secvfl.errors import ConfigError, MessageError, ProtocolError, SecvflError
 from secvfl.federation import Federation
@@ -151,6 +152,8 @@ class Coordinator:
         else:
             self.aggregation = "broadcast"  # each party's representation goes to the other parties of its set
         self.transport = make_transport(federation, federation.label_party, timeouts, log)
+        # what the parties may send it while serving: outputs and answers for batches of at most --max-batch-ids
+        self.transport.set_limits(serve_limits(federation, self.cfg, len(self.classes), limits.max_batch_ids))
         self.run.net.transport = self.transport
         self.net = self.run.net
         self.request = 0

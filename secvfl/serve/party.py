@@ -32,6 +32,7 @@ import torch
 
 from secvfl.config import TrainConfig
 from secvfl.deploy.data import PreparedTable, Preprocessing, load_preprocessing, read_prepared_table
+from secvfl.deploy.limits import MAX_SERVE_IDS, serve_limits
 from secvfl.deploy.party import AGGREGATOR, Timeouts, check_across_processes, make_transport, run_names
 from secvfl.deploy.remote import load_party_state
 from secvfl.errors import ConfigError, MessageError, ProtocolError, SecvflError
@@ -167,9 +168,12 @@ class _FeatureServer:
         if len(call.widths) != len(parties) or cfg.parties != len(parties):
             raise ConfigError(f"the run has {cfg.parties} feature parties with widths {call.widths}, the federation "
                               f"{len(parties)}")
+        if not 1 <= call.max_ids <= MAX_SERVE_IDS:  # it sets what this party accepts from its peers
+            raise ProtocolError(f"the hello asks for batches of {call.max_ids} ids; at most {MAX_SERVE_IDS}")
         run = build_served_run(cfg, call.widths, call.n_classes, None, self.me)
         check_across_processes(run, self.federation)
         run.net.transport = self.transport
+        self.transport.set_limits(serve_limits(self.federation, cfg, call.n_classes, call.max_ids))
         facts: dict[str, Any] = {}
         if not self.is_aggregator:
             block = parties.index(self.name)
