@@ -75,3 +75,48 @@ def test_serving_parties_accept_a_full_batch_s_call_and_outputs(federation: Fede
     assert 2 * len(output) <= limits.max_buffered_bytes
     top = serve_limits(federation, cfg, 3, MAX_SERVE_IDS)
     assert top.max_message_bytes >= 4 * MAX_SERVE_IDS * 16 * 8  # float64, times the protocols' factor
+
+
+def test_both_sides_of_a_million_id_intersection_send_all_their_points_before_reading_and_neither_stalls(
+        federation: Federation) -> None:
+    """The traffic of a PSI of 10^6 ids a side over the deployed transport (the points only, 32 MB each way in
+    512 KiB chunks, sent in full before either side reads) passes each side's limits from its own ids. (A sender
+    also holds up to 64 MiB of frames itself; past that, at 10^7 ids, only the limits from the ids let both sides'
+    sends finish before either reads.)"""
+    import threading
+
+    from secvfl.deploy.party import Timeouts, make_transport, run_names
+
+    n = 1_000_000
+    ids = pa.array([str(i) for i in range(n)], pa.string())
+    runs = run_names(federation)
+    timeouts = Timeouts(wait=60.0, peer=10.0, heartbeat=0.5)
+    ends = {name: make_transport(federation, name, timeouts, lambda _: None, startup_limits(federation, ids))
+            for name in ("label", "party0")}
+    chunks = -(-n // CHUNK_IDS)
+    got: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def side(name: str, peer: str) -> None:
+        try:
+            me, other = runs[name], runs[peer]
+            for i in range(chunks):
+                points = Message(POINTS_KIND, me, other, 0, blobs={"points": bytes(32 * min(CHUNK_IDS, n - i * CHUNK_IDS))},
+                                 meta={"total": n, "offset": i * CHUNK_IDS})
+                ends[name].put(me, other, POINTS_KIND, encode(points))
+            ends[name].flush()
+            got[name] = sum(len(ends[name].take(me, kind=POINTS_KIND, sender=other)) for _ in range(chunks))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=side, args=pair) for pair in (("label", "party0"), ("party0", "label"))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        for end in ends.values():
+            end.close()
+    assert not errors, errors
+    assert got["label"] == got["party0"] > 32 * n
