@@ -172,21 +172,33 @@ class Column:
 
 class _Numbers:
     """Numeric cells of several columns, batch by batch: float64 while the table is small, float32 minus a shift (the
-    column's first finite value) when large. With the row count known (Parquet) a large table's columns are written
-    straight into one preallocated float32 array each; otherwise (CSV) each column is a list of float32 chunks,
-    joined one column at a time at the end, so the table is never held twice."""
+    column's first finite value) when large. A large table's columns are written straight into one float32 array
+    each, allocated for the row count (Parquet) or an estimate of it (``rows_hint``: CSV), grown if rows outnumber
+    it; pages past the last row are never touched, so they cost no memory. Small chunks joined at the end would
+    leave the heap they came from held by the process: the table twice."""
 
-    def __init__(self, names: list[str], exact_cells: int, where: Path, rows: int | None = None) -> None:
+    def __init__(self, names: list[str], exact_cells: int, where: Path, rows: int | None = None,
+                 rows_hint: int = 1 << 20) -> None:
         self.names, self.exact_cells, self.where = names, exact_cells, where
         self.index = {name: j for j, name in enumerate(names)}
-        self.chunks: list[list[np.ndarray]] = [[] for _ in names]
+        self.chunks: list[list[np.ndarray]] = [[] for _ in names]  # float64, while the table is small
         self.cells = 0
         self.filled = 0
+        self.capacity = rows if rows is not None else max(1, rows_hint)
         self.shift: np.ndarray | None = None  # set when the storage turns float32 (NaN: no finite value seen yet)
-        self.out: list[np.ndarray] | None = None
+        self.out: list[np.ndarray] = []
         if rows is not None and rows * len(names) > exact_cells:
-            self.shift = np.full(len(names), np.nan)
-            self.out = [np.empty(rows, dtype=np.float32) for _ in names]  # pages are taken as they are written
+            self._float32()
+
+    def _float32(self) -> None:
+        self.shift = np.full(len(self.names), np.nan)
+        self.out = [np.empty(self.capacity, dtype=np.float32) for _ in self.names]
+        for j, parts in enumerate(self.chunks):
+            at = 0
+            for part in parts:
+                self._store(j, part, self.out[j][at : at + len(part)])
+                at += len(part)
+            parts.clear()
 
     def add(self, columns: list[np.ndarray]) -> None:
         """One batch of rows: a float64 array per column (NaN where missing), all of one length."""
@@ -195,19 +207,23 @@ class _Numbers:
 
     def add_columns(self, names: Sequence[str], columns: list[np.ndarray]) -> None:
         """The next rows of some columns (:meth:`next_rows` moves on once every column has them)."""
-        self.cells += sum(len(c) for c in columns)
+        k = len(columns[0]) if columns else 0
+        self.cells += k * len(columns)
         if self.shift is None and self.cells > self.exact_cells:
-            self.shift = np.full(len(self.names), np.nan)
-            for j, parts in enumerate(self.chunks):
-                self.chunks[j] = [self._store(j, part) for part in parts]
+            self.capacity = max(self.capacity, self.filled + k)
+            self._float32()
+        if self.shift is not None and self.filled + k > self.capacity:
+            self.capacity = max(self.filled + k, self.capacity + self.capacity // 2)
+            for j, old in enumerate(self.out):  # one column at a time: the table is never held twice
+                self.out[j] = np.empty(self.capacity, dtype=np.float32)
+                self.out[j][: self.filled] = old[: self.filled]
+                del old
         for name, column in zip(names, columns, strict=True):
             j = self.index[name]
             if self.shift is None:
                 self.chunks[j].append(column)
-            elif self.out is not None:
-                self._store(j, column, self.out[j][self.filled : self.filled + len(column)])
             else:
-                self.chunks[j].append(self._store(j, column))
+                self._store(j, column, self.out[j][self.filled : self.filled + len(column)])
 
     def next_rows(self, k: int) -> None:
         self.filled += k
@@ -238,7 +254,7 @@ class _Numbers:
     def columns(self) -> Iterator[tuple[str, np.ndarray, float]]:
         dtype = np.float64 if self.shift is None else np.float32
         for j, name in enumerate(self.names):
-            if self.out is not None:
+            if self.shift is not None:
                 values = self.out[j][: self.filled]
                 self.out[j] = values[:0]
             else:
@@ -353,13 +369,20 @@ def _read_csv(table: TableFile, wanted: list[str], forced: set[str], keep_arrow:
     bad_rows: list[int] = []
     try:
         with _open_stream(table) as stream:  # the first block's types decide which columns are numbers
-            head = pa.BufferReader(stream.read(2 * _BLOCK_BYTES))  # (the reader would read 32 blocks ahead)
+            head = stream.read(2 * _BLOCK_BYTES)  # alone: the reader would read 32 blocks ahead
             read, parse, convert = _csv_options(table, wanted, {c: pa.string() for c in forced}, bad_rows)
-            schema = pacsv.open_csv(head, read_options=read, parse_options=parse, convert_options=convert).schema
+            schema = pacsv.open_csv(pa.BufferReader(head), read_options=read, parse_options=parse,
+                                    convert_options=convert).schema
+        rows_hint = 1 << 20  # the rows a file of this size holds at the head's bytes per line, with a margin
+        with table.path.open("rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        if head and table.path.stat().st_size > len(head) and not gzipped:
+            rows_hint = int(1.1 * table.path.stat().st_size * (head.count(b"\n") + 1) / len(head)) + 1024
+        del head
         types = {c: pa.float64() if c not in forced and _numeric_type(schema.field(c).type) else pa.string()
                  for c in wanted}
         numeric = [c for c in wanted if types[c] == pa.float64()]
-        numbers = _Numbers(numeric, limit, table.path)
+        numbers = _Numbers(numeric, limit, table.path, rows_hint=rows_hint)
         texts = {c: _Texts(c in keep_arrow) for c in wanted if c not in numeric}
         bad_rows.clear()
         with _open_stream(table) as stream:
