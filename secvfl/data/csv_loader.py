@@ -223,8 +223,11 @@ class LazyBlock:
         if isinstance(key, tuple):
             return self[key[0]][(slice(None), *key[1:])]
         idx = np.arange(*key.indices(self.shape[0])) if isinstance(key, slice) else np.asarray(key, dtype=np.int64)
+        return self.take(idx, np.empty((len(idx), self.shape[1]), dtype=np.float32))
+
+    def take(self, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` written into ``out`` (rows x features, float32)."""
         src = idx if self.rows is None else self.rows[idx]
-        out = np.empty((len(idx), self.shape[1]), dtype=np.float32)
         j = 0
         for f in self.features:
             f.fill(out[:, j : j + f.width], src, shifted=True)

@@ -23,7 +23,7 @@ __all__ = ["NAN_POLICIES", "prepare", "stratified_split", "split_rows", "min_row
            "check_class_sizes"]
 
 NAN_POLICIES = ("mean", "drop", "error")
-_CHUNK_ROWS = 1 << 16
+_CHUNK_ROWS = 1 << 14  # rows per chunk (float64 temporaries of a few MB)
 
 
 @dataclass
@@ -330,11 +330,66 @@ def _row_chunks(rows: np.ndarray) -> list[np.ndarray]:
     return [rows[i : i + _CHUNK_ROWS] for i in range(0, len(rows), _CHUNK_ROWS)]
 
 
+class _Moments:
+    """Count, mean and sum of squared deviations of each column's present (non-NaN) values, merged chunk by chunk in
+    float64 (Chan, Golub and LeVeque's pairwise update: no cancellation whatever the column's offset)."""
+
+    def __init__(self, d: int) -> None:
+        self.count, self.mean, self.m2 = np.zeros(d), np.zeros(d), np.zeros(d)
+
+    def add(self, part: np.ndarray) -> bool:
+        """Add a chunk of rows; True if it holds a missing (NaN) or an infinite cell."""
+        v = part.astype(np.float64)
+        nan = np.isnan(v)
+        if nan.any():
+            count = (~nan).sum(axis=0).astype(np.float64)
+            v[nan] = 0.0
+            mean = np.divide(v.sum(axis=0), count, out=np.zeros_like(count), where=count > 0)
+            v -= mean
+            v[nan] = 0.0
+        else:
+            count = np.full(v.shape[1], float(len(v)))
+            mean = v.sum(axis=0) / max(len(v), 1)
+            if not np.isfinite(mean).all():
+                return True  # an infinite cell: refused by the caller
+            v -= mean
+        m2 = np.einsum("ij,ij->j", v, v)
+        total = self.count + count
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(total > 0, count / np.maximum(total, 1), 0.0)
+        delta = mean - self.mean
+        self.mean += delta * share
+        self.m2 += m2 + delta * delta * self.count * share
+        self.count = total
+        return bool(nan.any()) or not np.isfinite(self.m2).all()
+
+
+def _take(X: Any, idx: np.ndarray, out: np.ndarray) -> None:
+    """Rows ``idx`` of ``X`` (a float32 array, or a LazyBlock of secvfl.data.csv_loader) into ``out``."""
+    if isinstance(X, np.ndarray):
+        np.take(X, idx, axis=0, out=out)
+    else:
+        X.take(idx, out)
+
+
+def _compact_columns(block: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``block[:, cols]`` in the block's own memory (rows moved forward in chunks: a row's new place never lies past
+    its old one, so no row is overwritten before it is read)."""
+    n, width = len(block), len(cols)
+    flat = block.reshape(-1)
+    for start in range(0, n, _CHUNK_ROWS):
+        part = block[start : start + _CHUNK_ROWS][:, cols]  # a copy
+        flat[start * width : start * width + part.size] = part.reshape(-1)
+    return flat[: n * width].reshape(n, width)
+
+
 def _prepare_large(raw: RawData, name: str, *, seed: int, val_fraction: float, test_fraction: float,
                    test_split_seed: int, nan_policy: str, rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None
                    ) -> Dataset:
     """:func:`prepare` for a table held as float32 minus ``raw.shift`` (see the module doc): the same splits, policy,
-    checks and notes, computed in row chunks into one float32 block."""
+    checks and notes, computed in row chunks into one float32 block, in two passes over the data: the rows of every
+    split gathered into the block (checks, missing cells and the training statistics on the way), then the block
+    standardised in place."""
     if raw.X_test is not None or raw.image_shape is not None:
         raise DataError("a table read as float32 has no test file and no image grid")  # pragma: no cover
     X, shift, y = raw.X, np.asarray(raw.shift, dtype=np.float64), raw.y.astype(np.int64, copy=False)
@@ -348,69 +403,97 @@ def _prepare_large(raw: RawData, name: str, *, seed: int, val_fraction: float, t
         v += shift[cols]
         return v
 
-    every = np.arange(n)
-    nan_rows = np.zeros(n, dtype=bool)
-    nan_cols = np.zeros(d, dtype=np.int64)
-    for idx in _row_chunks(every):
-        part = X[idx]
+    def refuse_infinite(idx: np.ndarray, part: np.ndarray) -> None:
         bad = np.isinf(part)
         if bad.any():
             r, c = (int(i) for i in np.argwhere(bad)[0])
             raise _too_large(name, names[c], float(np.nanmax(np.abs(values(idx[r : r + 1])))))
-        missing = np.isnan(part)
-        nan_rows[idx] = missing.any(axis=1)
-        nan_cols += missing.sum(axis=0)
-    n_missing = int(nan_cols.sum())
-    if n_missing and nan_policy == "error":
-        cols = [names[j] for j in np.flatnonzero(nan_cols)][:5]
-        raise DataError(f"{name}: {n_missing} missing values (e.g. in columns {cols}) but --nan-policy is 'error'; "
+
+    def refuse_missing(count: int, per_column: np.ndarray) -> None:
+        cols = [names[j] for j in np.flatnonzero(per_column)][:5]
+        raise DataError(f"{name}: {count} missing values (e.g. in columns {cols}) but --nan-policy is 'error'; "
                         "use --nan-policy mean (impute training means) or drop (remove incomplete rows)")
+
+    cols = np.arange(d)
+    dropped_columns: str | None = None
+    split_note: str
+    if rows is not None and nan_policy == "drop":
+        raise DataError("rows chosen for the splits exclude a test file and --nan-policy drop")
     if rows is not None:
-        if nan_policy == "drop":
-            raise DataError("rows chosen for the splits exclude a test file and --nan-policy drop")
         train, val, test = (np.asarray(r, dtype=np.int64) for r in rows)
-        notes.append(f"splits: {len(train)} / {len(val)} / {len(test)} rows chosen by the label party")
-        pool = np.concatenate([train, val])
+        split_note = f"splits: {len(train)} / {len(val)} / {len(test)} rows chosen by the label party"
+        pool = train[:0]  # not needed: the splits are given
     else:
         keep, test = stratified_split(y, test_fraction, test_split_seed)
-        notes.append(f"test split: stratified {test_fraction:.0%} of rows, seed {test_split_seed}")
+        split_note = f"test split: stratified {test_fraction:.0%} of rows, seed {test_split_seed}"
         pool = keep
-    cols = np.arange(d)
-    if n_missing:
+    drop_notes = []
+    if nan_policy == "drop":  # which rows are complete decides the splits: one pass over every row first
+        nan_rows = np.zeros(n, dtype=bool)
         seen = np.zeros(d, dtype=bool)
-        for idx in _row_chunks(pool):
-            seen |= ~np.isnan(X[idx]).all(axis=0)
-        if not seen.all():
-            empty = ~seen
-            shown_cols = [names[j] for j in np.flatnonzero(empty)]
-            shown = ", ".join(repr(c) for c in shown_cols[:10]) + (
-                f" and {len(shown_cols) - 10} more" if len(shown_cols) > 10 else "")
-            if empty.all():
-                raise DataError(f"{name}: no feature column has a value in the training split; check the file's "
-                                "missing value markers")
-            message = (f"{name}: column(s) {shown} have no value in the training split; dropped them (a column "
-                       "without values carries no information)")
-            notes.append(message)
-            warnings.warn(message, DataWarning, stacklevel=3)
-            cols = np.flatnonzero(seen)
-            names = [names[j] for j in cols]
+        in_pool = np.zeros(n, dtype=bool)
+        in_pool[pool] = True
+        for idx in _row_chunks(np.arange(n)):
+            part = X[idx]
+            refuse_infinite(idx, part)
+            missing = np.isnan(part)
+            nan_rows[idx] = missing.any(axis=1)
+            seen |= ~missing[in_pool[idx]].all(axis=0)
+        if nan_rows.any() and not seen.all():
+            cols, dropped_columns = _empty_columns(seen, names, name)
             nan_rows[:] = False
-            for idx in _row_chunks(every):
+            for idx in _row_chunks(np.arange(n)):
                 nan_rows[idx] = np.isnan(X[idx][:, cols]).any(axis=1)
-        n_missing = int(sum(int(np.isnan(X[idx][:, cols]).sum()) for idx in _row_chunks(np.concatenate([pool, test]))))
-    if nan_policy == "drop":
         for what, part in (("training", pool), ("test", test)):
             if nan_rows[part].any():
-                notes.append(f"nan-policy drop: removed {int(nan_rows[part].sum())} {what} rows with missing values")
+                drop_notes.append(f"nan-policy drop: removed {int(nan_rows[part].sum())} {what} rows with missing "
+                                  "values")
         pool, test = pool[~nan_rows[pool]], test[~nan_rows[test]]
+    val_note = None
     if rows is not None:
-        train, val = pool[: len(rows[0])], pool[len(rows[0]) :]
+        pool_size = len(train) + len(val)
     elif val_fraction > 0:
         rest, held = stratified_split(y[pool], val_fraction, seed)
         train, val = pool[rest], pool[held]
-        notes.append(f"validation split: stratified {val_fraction:.0%} of training rows, seed {seed}")
+        val_note = f"validation split: stratified {val_fraction:.0%} of training rows, seed {seed}"
     else:
         train, val = pool, pool[:0]
+    if rows is None:
+        pool_size = len(pool)
+
+    # Pass 1: every split's rows into the block (float32 minus shift, as read), in split order.
+    block = np.empty((len(train) + len(val) + len(test), d), dtype=np.float32)
+    missing_per_split = np.zeros((3, d), dtype=np.int64)
+    moments = _Moments(d)
+    start = 0
+    for k, part_rows in enumerate((train, val, test)):
+        for idx in _row_chunks(part_rows):
+            part = block[start : start + len(idx)]
+            _take(X, idx, part)
+            start += len(idx)
+            # a float64 sum of float32 cells is finite unless the chunk holds a NaN or an infinity
+            suspect = moments.add(part) if k == 0 else not np.isfinite(part.sum(axis=0, dtype=np.float64)).all()
+            if suspect:
+                refuse_infinite(idx, part)
+                missing_per_split[k] += np.isnan(part).sum(axis=0)
+    n_missing = int(missing_per_split.sum())
+    if n_missing and nan_policy == "error":
+        refuse_missing(n_missing, missing_per_split.sum(axis=0))
+    if n_missing and nan_policy != "drop":
+        seen = missing_per_split[:2].sum(axis=0) < pool_size
+        if not seen.all():
+            cols, dropped_columns = _empty_columns(seen, names, name)
+        n_missing = int(missing_per_split[:, cols].sum())
+    if len(cols) < d:
+        block = _compact_columns(block, cols)
+        names = [names[j] for j in cols]
+    notes.append(split_note)
+    if dropped_columns is not None:
+        notes.append(dropped_columns)
+        warnings.warn(dropped_columns, DataWarning, stacklevel=3)
+    notes.extend(drop_notes)
+    if val_note is not None:
+        notes.append(val_note)
     sizes = {"training": len(train), "test": len(test)} | ({"validation": len(val)} if val_fraction > 0 else {})
     empty_splits = [split for split, k in sizes.items() if k == 0]
     if empty_splits:
@@ -422,43 +505,47 @@ def _prepare_large(raw: RawData, name: str, *, seed: int, val_fraction: float, t
             + ("; or use --val-fraction 0" if "validation" in empty_splits else ""))
     if rows is None:
         check_class_sizes(y, list(raw.classes), name)
-    total = np.zeros(len(cols))
-    count = np.zeros(len(cols))
-    for idx in _row_chunks(train):
-        v = values(idx, cols)
-        present = ~np.isnan(v)
-        total += np.where(present, v, 0.0).sum(axis=0)
-        count += present.sum(axis=0)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        mu = np.where(count > 0, total / np.maximum(count, 1), 0.0)  # with imputation, the mean of imputed rows
+    count, mean, m2 = moments.count[cols], moments.mean[cols], moments.m2[cols]
+    shift = shift[cols]
+    with np.errstate(invalid="ignore", over="ignore"):
+        mu = np.where(count > 0, shift + mean, 0.0)  # with imputation, the mean of imputed rows
+        sd = np.sqrt(m2 / max(len(train), 1))
     means = mu.copy() if nan_policy == "mean" and n_missing else None
     if means is not None:
         notes.append(f"nan-policy mean: imputed {n_missing} missing values with training-split column means")
-    squares = np.zeros(len(cols))
-    with np.errstate(over="ignore", invalid="ignore"):
-        for idx in _row_chunks(train):
-            v = values(idx, cols) - mu
-            squares += np.where(np.isnan(v), 0.0, v * v).sum(axis=0)
-        sd = np.sqrt(squares / max(len(train), 1))
+
     def column(j: int | None) -> np.ndarray:  # column j's values, in chunks (for the message only)
-        return np.concatenate([values(idx, cols[j : j + 1])[:, 0] for idx in _row_chunks(every)] or [np.zeros(0)])
+        return np.concatenate([values(idx, cols[j : j + 1])[:, 0] for idx in _row_chunks(np.arange(n))]
+                              or [np.zeros(0)])
 
     _check_statistics(name, names, column, mu, sd)
     sd = np.where(sd < 1e-12, 1.0, sd)
     notes.append("standardised with training-split statistics")
-    block = np.empty((len(train) + len(val) + len(test), len(cols)), dtype=np.float32)
-    start = 0
-    for part in (train, val, test):
-        for idx in _row_chunks(part):
-            v = values(idx, cols)
-            if means is not None:
-                r, c = np.nonzero(np.isnan(v))
-                v[r, c] = means[c]
-            block[start : start + len(idx)] = (v - mu) / sd
-            start += len(idx)
+    # Pass 2: the block standardised in place, with Standardisation.apply's arithmetic (served rows equal these).
+    for begin in range(0, len(block), _CHUNK_ROWS):
+        v = block[begin : begin + _CHUNK_ROWS].astype(np.float64)
+        v += shift
+        if means is not None:
+            r, c = np.nonzero(np.isnan(v))
+            v[r, c] = means[c]
+        v -= mu
+        v /= sd
+        block[begin : begin + len(v)] = v
     a, b = len(train), len(train) + len(val)
     return Dataset(
         name=name, X_train=block[:a], y_train=y[train], X_val=block[a:b], y_val=y[val], X_test=block[b:],
         y_test=y[test], n_classes=len(raw.classes), feature_names=names, classes=list(raw.classes), notes=notes,
         standardisation=Standardisation(names, mu, sd, means, nan_policy=nan_policy), encodings=raw.encodings)
 
+
+def _empty_columns(seen: np.ndarray, names: list[str], name: str) -> tuple[np.ndarray, str]:
+    """The columns with a value in the training split, and the note saying which were dropped (none: refused)."""
+    empty = ~seen
+    shown_cols = [names[j] for j in np.flatnonzero(empty)]
+    shown = ", ".join(repr(c) for c in shown_cols[:10]) + (
+        f" and {len(shown_cols) - 10} more" if len(shown_cols) > 10 else "")
+    if empty.all():
+        raise DataError(f"{name}: no feature column has a value in the training split; check the file's missing "
+                        "value markers")
+    return np.flatnonzero(seen), (f"{name}: column(s) {shown} have no value in the training split; dropped them (a "
+                                  "column without values carries no information)")

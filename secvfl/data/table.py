@@ -45,8 +45,9 @@ __all__ = ["MISSING_TOKENS", "ID_NAMES", "EXACT_CELLS", "TableFile", "Column", "
 MISSING_TOKENS = frozenset({"", "?", "na", "n/a", "nan", "null", "none", "-"})
 ID_NAMES = frozenset({"id", "ids", "index", "row_id", "customer_id", "client_id"})
 EXACT_CELLS = 1 << 24  # numeric cells kept in float64 (128 MB); above, float32 after a per-column shift
-_BLOCK_BYTES = 16 << 20
-_PARQUET_BATCH = 1 << 16
+_BLOCK_BYTES = 16 << 20  # the CSV block whose cells decide the columns' types
+_READ_BLOCK_BYTES = 4 << 20  # CSV blocks read after that
+_PARQUET_READ_BYTES = 64 << 20  # decoded values of one Parquet read (a row group's slice of columns)
 
 
 def _case_variants(token: str) -> list[str]:
@@ -170,47 +171,98 @@ class Column:
 
 
 class _Numbers:
-    """Numeric cells of several columns, batch by batch, a list of chunks per column: float64 while small, float32
-    minus a shift (the column's first finite value) when large. Each column becomes one array at the end, one
-    column at a time, so the table is never held twice."""
+    """Numeric cells of several columns, batch by batch: float64 while the table is small, float32 minus a shift (the
+    column's first finite value) when large. A large table's columns are written straight into one float32 array
+    each, allocated for the row count (Parquet) or an estimate of it (``rows_hint``: CSV), grown if rows outnumber
+    it; pages past the last row are never touched, so they cost no memory. Small chunks joined at the end would
+    leave the heap they came from held by the process: the table twice."""
 
-    def __init__(self, names: list[str], exact_cells: int, where: Path) -> None:
+    def __init__(self, names: list[str], exact_cells: int, where: Path, rows: int | None = None,
+                 rows_hint: int = 1 << 20) -> None:
         self.names, self.exact_cells, self.where = names, exact_cells, where
-        self.chunks: list[list[np.ndarray]] = [[] for _ in names]
+        self.index = {name: j for j, name in enumerate(names)}
+        self.chunks: list[list[np.ndarray]] = [[] for _ in names]  # float64, while the table is small
         self.cells = 0
-        self.shift: np.ndarray | None = None  # set when the storage turns float32
+        self.filled = 0
+        self.capacity = rows if rows is not None else max(1, rows_hint)
+        self.shift: np.ndarray | None = None  # set when the storage turns float32 (NaN: no finite value seen yet)
+        self.out: list[np.ndarray] = []
+        if rows is not None and rows * len(names) > exact_cells:
+            self._float32()
+
+    def _float32(self) -> None:
+        self.shift = np.full(len(self.names), np.nan)
+        self.out = [np.empty(self.capacity, dtype=np.float32) for _ in self.names]
+        for j, parts in enumerate(self.chunks):
+            at = 0
+            for part in parts:
+                self._store(j, part, self.out[j][at : at + len(part)])
+                at += len(part)
+            parts.clear()
 
     def add(self, columns: list[np.ndarray]) -> None:
-        self.cells += sum(len(c) for c in columns)
-        if self.shift is None and self.cells > self.exact_cells:
-            self.shift = np.zeros(len(self.names))
-            for j, parts in enumerate(self.chunks):
-                for part in [*parts, columns[j]]:
-                    finite = np.flatnonzero(np.isfinite(part))
-                    if len(finite):
-                        self.shift[j] = part[finite[0]]
-                        break
-                self.chunks[j] = [self._store(j, part) for part in parts]
-        for j, column in enumerate(columns):
-            self.chunks[j].append(column if self.shift is None else self._store(j, column))
+        """One batch of rows: a float64 array per column (NaN where missing), all of one length."""
+        self.add_columns(self.names, columns)
+        self.next_rows(len(columns[0]) if columns else 0)
 
-    def _store(self, j: int, values: np.ndarray) -> np.ndarray:
+    def add_columns(self, names: Sequence[str], columns: list[np.ndarray]) -> None:
+        """The next rows of some columns (:meth:`next_rows` moves on once every column has them)."""
+        k = len(columns[0]) if columns else 0
+        self.cells += k * len(columns)
+        if self.shift is None and self.cells > self.exact_cells:
+            self.capacity = max(self.capacity, self.filled + k)
+            self._float32()
+        if self.shift is not None and self.filled + k > self.capacity:
+            self.capacity = max(self.filled + k, self.capacity + self.capacity // 2)
+            for j, old in enumerate(self.out):  # one column at a time: the table is never held twice
+                self.out[j] = np.empty(self.capacity, dtype=np.float32)
+                self.out[j][: self.filled] = old[: self.filled]
+                del old
+        for name, column in zip(names, columns, strict=True):
+            j = self.index[name]
+            if self.shift is None:
+                self.chunks[j].append(column)
+            else:
+                self._store(j, column, self.out[j][self.filled : self.filled + len(column)])
+
+    def next_rows(self, k: int) -> None:
+        self.filled += k
+
+    def _store(self, j: int, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``values - shift`` as float32 (into ``out``), in one pass. The shift is the column's first finite value; a
+        chunk before it holds only NaN or infinities, which any shift leaves as they are."""
+        assert self.shift is not None
+        shift = self.shift[j]
+        if np.isnan(shift):
+            finite = np.isfinite(values)
+            first = int(finite.argmax()) if len(values) else 0
+            if len(values) and finite[first]:
+                self.shift[j] = shift = values[first]
+            else:
+                shift = 0.0
+        if out is None:
+            out = np.empty(len(values), dtype=np.float32)
         with np.errstate(over="ignore", invalid="ignore"):
-            stored = (values - self.shift[j]).astype(np.float32)
-            over = np.isinf(stored) & ~np.isinf(values)
-        if over.any():
-            raise DataError(f"{self.where}: column {self.names[j]!r} holds values as large as "
-                            f"{float(np.nanmax(np.abs(values))):.3g}, beyond what a large table keeps (float32 "
-                            "after centring, up to 3e38); rescale the column in the file (divide it by a power of ten)")
-        return stored
+            np.subtract(values, shift, out=out, casting="unsafe")  # float64 arithmetic, rounded once to float32
+            if np.isinf(out).any() and (np.isinf(out) & ~np.isinf(values)).any():
+                raise DataError(f"{self.where}: column {self.names[j]!r} holds values as large as "
+                                f"{float(np.nanmax(np.abs(values))):.3g}, beyond what a large table keeps (float32 "
+                                "after centring, up to 3e38); rescale the column in the file (divide it by a power of "
+                                "ten)")
+        return out
 
     def columns(self) -> Iterator[tuple[str, np.ndarray, float]]:
         dtype = np.float64 if self.shift is None else np.float32
         for j, name in enumerate(self.names):
-            parts, self.chunks[j] = self.chunks[j], []
-            values = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-            del parts
-            yield name, values, 0.0 if self.shift is None else float(self.shift[j])
+            if self.shift is not None:
+                values = self.out[j][: self.filled]
+                self.out[j] = values[:0]
+            else:
+                parts, self.chunks[j] = self.chunks[j], []
+                values = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+                del parts
+            shift = 0.0 if self.shift is None or np.isnan(self.shift[j]) else float(self.shift[j])
+            yield name, values, shift
 
 
 class _Texts:
@@ -276,7 +328,8 @@ class _Retype(Exception):
         self.column = column
 
 
-def _csv_options(table: TableFile, wanted: list[str], types: dict[str, Any], bad_rows: list) -> tuple:
+def _csv_options(table: TableFile, wanted: list[str], types: dict[str, Any], bad_rows: list,
+                 block_size: int = _BLOCK_BYTES) -> tuple:
     import pyarrow.csv as pacsv
 
     def on_bad_row(row: Any) -> str:
@@ -284,7 +337,7 @@ def _csv_options(table: TableFile, wanted: list[str], types: dict[str, Any], bad
         return "skip"
 
     read = pacsv.ReadOptions(column_names=table.names, skip_rows=1 if table.has_header else 0,
-                             block_size=_BLOCK_BYTES)
+                             block_size=block_size)
     parse = pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=on_bad_row)
     convert = pacsv.ConvertOptions(include_columns=wanted, column_types=types, null_values=_NULLS,
                                    strings_can_be_null=False, true_values=[], false_values=[])
@@ -316,16 +369,25 @@ def _read_csv(table: TableFile, wanted: list[str], forced: set[str], keep_arrow:
     bad_rows: list[int] = []
     try:
         with _open_stream(table) as stream:  # the first block's types decide which columns are numbers
+            head = stream.read(2 * _BLOCK_BYTES)  # alone: the reader would read 32 blocks ahead
             read, parse, convert = _csv_options(table, wanted, {c: pa.string() for c in forced}, bad_rows)
-            schema = pacsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert).schema
+            schema = pacsv.open_csv(pa.BufferReader(head), read_options=read, parse_options=parse,
+                                    convert_options=convert).schema
+        rows_hint = 1 << 20  # the rows a file of this size holds at the head's bytes per line, with a margin
+        with table.path.open("rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        if head and table.path.stat().st_size > len(head) and not gzipped:
+            rows_hint = int(1.1 * table.path.stat().st_size * (head.count(b"\n") + 1) / len(head)) + 1024
+        del head
         types = {c: pa.float64() if c not in forced and _numeric_type(schema.field(c).type) else pa.string()
                  for c in wanted}
         numeric = [c for c in wanted if types[c] == pa.float64()]
-        numbers = _Numbers(numeric, limit, table.path)
+        numbers = _Numbers(numeric, limit, table.path, rows_hint=rows_hint)
         texts = {c: _Texts(c in keep_arrow) for c in wanted if c not in numeric}
         bad_rows.clear()
         with _open_stream(table) as stream:
-            read, parse, convert = _csv_options(table, wanted, types, bad_rows)
+            # Smaller blocks once the types are decided: pyarrow's reader reads up to 32 blocks ahead of the parser.
+            read, parse, convert = _csv_options(table, wanted, types, bad_rows, min(_BLOCK_BYTES, _READ_BLOCK_BYTES))
             for batch in pacsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert):
                 _add_batch(batch, numeric, numbers, texts)
     except pa.ArrowInvalid as exc:
@@ -340,9 +402,23 @@ def _read_csv(table: TableFile, wanted: list[str], forced: set[str], keep_arrow:
     return _finish(table, wanted, numbers, texts)
 
 
+def _float64(column: Any) -> np.ndarray:
+    """An Arrow column of numbers as float64 (NaN where null): its own buffer, unless it needs converting."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if column.type != pa.float64():
+        column = pc.cast(column, pa.float64())
+    return column.to_numpy(zero_copy_only=False)
+
+
 def _add_batch(batch: Any, numeric: list[str], numbers: _Numbers, texts: dict[str, _Texts]) -> None:
     if numeric:
-        numbers.add([np.array(batch.column(c).to_numpy(zero_copy_only=False), dtype=np.float64) for c in numeric])
+        numbers.add([_float64(batch.column(c)) for c in numeric])
     for c, acc in texts.items():
         acc.add(batch.column(c))
 
@@ -402,22 +478,31 @@ def _read_parquet(table: TableFile, wanted: list[str], forced: set[str], keep_ar
                 raise DataError(f"{table.path}: column {c!r} has Parquet type {t}; secvfl reads numbers, booleans "
                                 "and strings: convert it (a date to a number of days, say) when exporting")
         numeric = [c for c in wanted if kinds[c] == "number"]
-        numbers = _Numbers(numeric, limit, table.path)
+        numbers = _Numbers(numeric, limit, table.path, rows=source.metadata.num_rows)
         texts = {c: _Texts(c in keep_arrow) for c in wanted if c not in numeric}
-        for batch in source.iter_batches(batch_size=_PARQUET_BATCH, columns=wanted):
-            cast = {}
-            for c in wanted:
-                col = batch.column(c)
-                if pa.types.is_dictionary(col.type):
-                    col = col.cast(col.type.value_type)
-                if kinds[c] == "number":
-                    col = pc.cast(col, pa.float64())
-                elif not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-                    col = pc.cast(col, pa.string())
-                if kinds[c] == "text" and col.null_count:
-                    col = pc.fill_null(col, "")  # a null text cell is missing, like an empty CSV cell
-                cast[c] = col
-            _add_batch(pa.RecordBatch.from_pydict(cast), numeric, numbers, texts)
+        for group in range(source.num_row_groups):
+            # A row group at a time (its columns decoded by pyarrow's threads), in slices of columns that keep the
+            # decoded values under _PARQUET_READ_BYTES whatever the row group's size.
+            rows = max(1, source.metadata.row_group(group).num_rows)
+            step = max(1, _PARQUET_READ_BYTES // (8 * rows))
+            for first in range(0, len(wanted), step):
+                part = source.read_row_group(group, columns=wanted[first : first + step])
+                for c in part.column_names:
+                    col = part.column(c)
+                    if kinds[c] == "number":
+                        continue
+                    if pa.types.is_dictionary(col.type):
+                        col = col.cast(col.type.value_type)
+                    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+                        col = pc.cast(col, pa.string())
+                    if col.null_count:
+                        col = pc.fill_null(col, "")  # a null text cell is missing, like an empty CSV cell
+                    texts[c].add(col)
+                in_part = [c for c in numeric if c in part.column_names]
+                if in_part:
+                    numbers.add_columns(in_part, [_float64(part.column(c)) for c in in_part])
+                del part
+            numbers.next_rows(source.metadata.row_group(group).num_rows)
     except DataError:
         raise
     except (pa.ArrowException, OSError) as exc:

@@ -124,7 +124,7 @@ class OwnFile:
     file: Path
     table: TableFile
     ids: Any  # pyarrow string array
-    rows: np.ndarray  # the table row of each id (for errors)
+    rows: np.ndarray | None  # the table row of each id (None: the table's rows, every one, in order)
     columns: dict[str, Column] = field(default_factory=dict)  # feature party: its columns, every table row
     label_column: str | None = None
     label_codes: np.ndarray | None = None  # label party: per id, an index into label_texts
@@ -137,6 +137,7 @@ class OwnFile:
 def _read_table(spec: DataSpec, party: str, wanted: list[str], *, text: Sequence[str] = ()
                 ) -> tuple[TableFile, dict[str, Column], Any]:
     """The party's table: (file, the ``wanted`` columns, its ids stripped), refusing empty or repeated ids."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     where = f"{party}'s data file"
@@ -165,6 +166,7 @@ def _read_table(spec: DataSpec, party: str, wanted: list[str], *, text: Sequence
         raise DataError(f"{spec.file} {table.cell(int(empty[0]), spec.id)[0]}: empty id in {spec.id!r}; every row "
                         "needs an id")
     check_unique_ids(ids, spec.file, spec.id)
+    pa.default_memory_pool().release_unused()  # pyarrow's pool keeps what the id checks freed, not for a later peak
     return table, columns, ids
 
 
@@ -172,8 +174,7 @@ def read_own_file(spec: DataSpec, party: str) -> OwnFile:
     """Read party ``party``'s own file as its data table in the federation file describes it."""
     wanted = [spec.id, *spec.columns, *([spec.label] if spec.label else [])]
     table, columns, ids = _read_table(spec, party, wanted, text=[spec.label] if spec.label else [])
-    every = np.arange(len(ids))
-    own = OwnFile(party, spec.file, table, ids, every)
+    own = OwnFile(party, spec.file, table, ids, None)
     if spec.label is not None:
         codes, texts = label_codes(columns[spec.label])
         keep = np.flatnonzero(codes >= 0)
@@ -299,18 +300,23 @@ def prepare_own_block(own: OwnFile, ids: Sequence[Any], learned: np.ndarray, cfg
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    wanted = pa.chunked_array([pa.array(i).cast(pa.large_string()) if not isinstance(i, (pa.Array, pa.ChunkedArray))
-                               else i.cast(pa.large_string()) for i in ids], type=pa.large_string())
-    position = pc.index_in(wanted, value_set=own.ids.cast(pa.large_string()))
+    kind = own.ids.type  # the plan's ids in the type of this party's own (a copy only where they differ)
+    wanted = pa.chunked_array([(i if isinstance(i, (pa.Array, pa.ChunkedArray)) else pa.array(i, kind)).cast(kind)
+                               for i in ids], type=kind)
+    position = pc.index_in(wanted, value_set=own.ids)
+    del wanted
     found = position.is_valid().to_numpy(zero_copy_only=False)
     rows = position.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    del position
+    pa.default_memory_pool().release_unused()  # the hash table's memory back to the system before the block's
     allowed = np.zeros(len(own.ids), dtype=bool)
     allowed[np.asarray(learned, dtype=np.int64)] = True
     outside = int((~found).sum() + (~allowed[rows[found]]).sum())
     if outside:  # an honest label party asks only for ids both hold; anything else would probe this party's file
         raise ProtocolError(f"the label party asked {own.party} for {outside} row(s) outside their private set "
                             "intersection; refusing")
-    rows = own.rows[rows]
+    if own.rows is not None:
+        rows = own.rows[rows]
     block = encode_columns(list(own.columns.values()), own.table, rows=rows)
     n = [len(split) for split in ids]
     bounds = np.cumsum([0, *n])
