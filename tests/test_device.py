@@ -85,10 +85,10 @@ def _count_to_host(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def _pop_guard_reads(sites: dict[str, int]) -> None:
     """Take out the receive guard's finiteness sums, which wait for nothing on a GPU: of each tensor a party sends
     (on CUDA summed there, copied without a wait and read after the send's one wait for its messages:
-    ``secvfl.transport.guard.SentSums``; read at once only on the CPU) and of each tensor a party receives (host
+    ``secvfl.transport.guard.SentSums``; read at once only on the CPU, here) and of each tensor a party receives (host
     tensors, decoded from bytes). In one process every tensor checked when sent is checked again when received, with
     the other messages' tensors (checked only there)."""
-    sent = sites.pop("secvfl.transport.guard:SentSums.__init__", 0)
+    sent = sites.pop("secvfl.transport.guard:ReceiveGuard.sums_to_send", 0)
     received = sites.pop("secvfl.transport.guard:_sum", 0)
     assert 0 < sent <= received
 

@@ -169,6 +169,9 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON data")
 
 
+_JSON = json.JSONDecoder(parse_constant=_refuse_constant)  # made once: json.loads with an option makes one a call
+
+
 def _message(kind: str, sender: str, receiver: str, step: int, meta: dict[str, Any], payload: Any) -> Message:
     enc = _Encoder()
     text = json.dumps(enc.value(payload), separators=(",", ":")).encode()
@@ -183,7 +186,7 @@ def _payload(message: Message) -> Any:
     if len(blob) > MAX_JSON_BYTES:
         raise MessageError(f"malformed {where}: {len(blob)} bytes of JSON (at most {MAX_JSON_BYTES})")
     try:
-        text = json.loads(blob, parse_constant=_refuse_constant)
+        text = _JSON.decode(blob.decode("utf-8"))
     except RecursionError:
         raise MessageError(f"malformed {where}: its values are nested more than {MAX_DEPTH} deep") from None
     except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

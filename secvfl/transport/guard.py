@@ -73,21 +73,16 @@ def _default_cause() -> str:
 
 
 class SentSums:
-    """The sums of the floating tensors a party is about to send, for :meth:`ReceiveGuard.check_sent`. A sum on a
-    CUDA device is copied to pinned host memory without a wait; the send path waits once for its messages' tensors
-    (:func:`secvfl.messages.encode_many`), and the sums are read after that wait. On the CPU they are read at once."""
+    """The sums of the floating CUDA tensors a party is about to send, for :meth:`ReceiveGuard.check_sent`: copied to
+    pinned host memory without a wait; the send path waits once for its messages' tensors
+    (:func:`secvfl.messages.encode_many`), and the sums are read after that wait."""
 
     def __init__(self, tensors: list[tuple[Message, torch.Tensor]]) -> None:
         self.tensors = tensors
-        self._sums: list[float] = []
         self._pending: list[tuple[list[int], torch.Tensor, Any]] = []  # (positions, host sums, copy done event)
         on_device: dict[torch.device, list[int]] = {}
         for i, (_, t) in enumerate(tensors):
-            if t.is_cuda:
-                on_device.setdefault(t.device, []).append(i)
-                self._sums.append(0.0)
-            else:  # (read here, not in _sum: tests/test_device.py counts the reads of each site)
-                self._sums.append(float(t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum()))
+            on_device.setdefault(t.device, []).append(i)
         for device, positions in on_device.items():
             sums = torch.stack([tensors[i][1].detach().sum(dtype=torch.float64) for i in positions])
             host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
@@ -97,12 +92,12 @@ class SentSums:
             self._pending.append((positions, host, done))
 
     def values(self) -> list[float]:
+        out = [0.0] * len(self.tensors)
         for positions, host, done in self._pending:
             done.synchronize()  # already done once the messages' tensors were copied: no wait then
             for i, total in zip(positions, host.tolist(), strict=True):
-                self._sums[i] = total
-        self._pending = []
-        return self._sums
+                out[i] = total
+        return out
 
 
 def request_facts(bound: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,25 +151,41 @@ class ReceiveGuard:
         self.widths.update({k: int(v) for k, v in widths.items()})
 
     def sums_to_send(self, messages: Sequence[Message]) -> SentSums | None:
-        """What :meth:`check_sent` needs of the algorithm's messages a party is about to send (None: nothing to
-        check), taken before the sender's layers: what the party itself computed."""
+        """Check what the party itself computed (the algorithm's messages it is about to send, before its layers): a
+        party never sends non-finite values, its own model diverged (its step size or its data), which it says
+        itself (:attr:`divergence_cause`), so that a non-finite value that arrives is always the sender's
+        violation. CPU tensors are checked here; CUDA tensors' sums come back for :meth:`check_sent`, read after
+        the send's one wait (None: nothing left to check). A sum is NaN or infinite if any value is; only an
+        overflowing sum of finite values needs the exact check."""
         kinds = self._kinds
-        tensors = [(m, t) for m in messages if m.kind in kinds for t in m.tensors.values()
-                   if t.is_floating_point() and t.numel()]
-        return SentSums(tensors) if tensors else None
+        on_device = None
+        for m in messages:
+            if m.kind not in kinds:
+                continue
+            for t in m.tensors.values():
+                if not t.is_floating_point() or not t.numel():
+                    continue
+                if t.is_cuda:
+                    on_device = on_device or []
+                    on_device.append((m, t))
+                    continue
+                t = t.detach()
+                if not math.isfinite(float(t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum())) \
+                        and not _finite(t):
+                    self._diverged(m)
+        return None if on_device is None else SentSums(on_device)
 
     def check_sent(self, sent: SentSums | None) -> None:
-        """A party never sends non-finite values: its own model diverged (its step size or its data), which it says
-        itself (:attr:`divergence_cause`), so that a non-finite value that arrives is always the sender's
-        violation. A sum is NaN or infinite if any value is; only an overflowing sum of finite values needs the
-        exact check."""
+        """The CUDA tensors' part of :meth:`sums_to_send`."""
         if sent is None:
             return
         for (message, t), total in zip(sent.tensors, sent.values(), strict=True):
             if not math.isfinite(total) and not _finite(t):
-                raise TrainingDiverged(
-                    f"training stopped: {message.sender}'s {message.kind} became non-finite at step {message.step} "
-                    f"(its own computation). {self.divergence_cause()}")
+                self._diverged(message)
+
+    def _diverged(self, message: Message) -> None:
+        raise TrainingDiverged(f"training stopped: {message.sender}'s {message.kind} became non-finite at step "
+                               f"{message.step} (its own computation). {self.divergence_cause()}")
 
     def check(self, message: Message, receiver: str) -> None:
         """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it."""
