@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from secvfl.errors import MessageError
+from secvfl.errors import MessageError, TrainingDiverged
 from secvfl.messages import Message, decode, encode, encode_many, encoded_payload_size, mark_delivered
 from secvfl.transport.base import CommStats, PeerViolation, Transport, peer_text
-from secvfl.transport.guard import ReceiveGuard
+from secvfl.transport.guard import ReceiveGuard, _finite
 from secvfl.transport.inprocess import InProcessTransport
 from secvfl.transport.layers import (
     Aggregation,
@@ -213,6 +213,12 @@ class Network:
             self.guard.check(total, receiver)
         except PeerViolation as exc:
             who = ", ".join(senders) or total.sender
+            if isinstance(self.aggregation, PlainAggregation) and not all(
+                    _finite(t) for t in total.tensors.values() if t.is_floating_point() and t.numel()):
+                # every input was checked, finite, as its sender sent it: the sum of finite values overflowed
+                raise TrainingDiverged(
+                    f"training stopped: the sum of {who}'s {total.kind} became non-finite at step {total.step}, "
+                    f"though each was finite (an overflow). {self.guard.divergence_cause()}") from None
             raise PeerViolation(f"{who} (through the {self.aggregation.name} aggregation)", exc.problem) from None
 
     def submit(self, message: Message) -> None:
