@@ -195,3 +195,25 @@ def test_image_bottoms_compute_the_same_on_cuda(kind: str, shape: tuple[int, int
     want = model(x)
     got = model.to(CUDA)(x.to(CUDA)).cpu()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_party_s_own_non_finite_cuda_output_is_stopped_before_it_is_sent() -> None:
+    """The send-side check on CUDA (secvfl.transport.guard.SentSums): sums copied without a wait, read after the
+    send's one wait; a finite embedding goes out, a non-finite one stops the run naming the sender and its cause."""
+    from secvfl.errors import TrainingDiverged
+    from secvfl.transport.guard import ReceiveGuard
+    from secvfl.transport.inprocess import InProcessTransport
+    from secvfl.transport.layers import Role
+    from secvfl.transport.network import Network
+
+    net = Network({"label": Role.LABEL, "party0": Role.FEATURE}, transport=InProcessTransport())
+    net.guard = ReceiveGuard(["embedding"], ["gradient"])  # as an algorithm with embeddings declares it
+    good = torch.randn(64, 16, device="cuda")
+    net.send(Message("embedding", "party0", "label", 0, {"embedding": good}))
+    got = net.receive("label", kind="embedding", sender="party0").tensor("embedding")
+    assert torch.equal(got, good.cpu())
+    bad = good.clone()
+    bad[3, 5] = float("nan")
+    with pytest.raises(TrainingDiverged, match="party0's embedding became non-finite at step 1"):
+        net.send(Message("embedding", "party0", "label", 1, {"embedding": bad}))
+    assert net.transport.pending("label") == 0
