@@ -42,7 +42,8 @@ from secvfl.transport.base import PeerViolation
 __all__ = ["ReceiveGuard", "Round", "SentSums"]
 
 _INTEGER_KINDS = frozenset({"prediction", "labels"})  # outputs that are class labels, not values
-_NOT_PER_ROW = object()  # (a kind whose tensors need not have one row per batch row)
+_WIDE_FLOATS = frozenset({torch.float32, torch.float64})  # summed in their own dtype
+_isfinite = math.isfinite
 
 
 @dataclass
@@ -117,8 +118,7 @@ class ReceiveGuard:
         self.widths: dict[str, int] = {}
         # why this process's own computation diverged, and the fix (secvfl.runner sets the run's)
         self.divergence_cause: Callable[[], str] = _default_cause
-        # (sender, receiver, kind) -> [the stream's last step, {tensor: (dtype, trailing shape or None) of its first
-        # message}]
+        # (sender, receiver, kind) -> what the stream carried so far (see check)
         self._streams: dict[tuple[str, str, str], list[Any]] = {}
 
     def enter(self, step: Any, split: Any, ids: Any) -> None:
@@ -136,6 +136,8 @@ class ReceiveGuard:
     def declare_widths(self, widths: Mapping[str, int]) -> None:
         """Columns of each forward kind's tensors, as the algorithm builds them."""
         self.widths.update({k: int(v) for k, v in widths.items()})
+        for (_, _, kind), known in self._streams.items():
+            known[2] = self.widths.get(kind)
 
     def sums_to_send(self, messages: Sequence[Message]) -> SentSums | None:
         """Check what the party itself computed (the algorithm's messages it is about to send, before its layers): a
@@ -174,45 +176,47 @@ class ReceiveGuard:
         raise TrainingDiverged(f"training stopped: {message.sender}'s {message.kind} became non-finite at step "
                                f"{message.step} (its own computation). {self.divergence_cause()}")
 
-    def check(self, message: Message, receiver: str, *, own: bool = False) -> None:
+    def check(self, message: Message, receiver: str, own: bool = False) -> None:
         """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it. ``own``: the
         sender is a party of this process whose message arrives as it was encoded (no layer, no other process: see
         :meth:`secvfl.transport.network.Network.send`), and did not check it itself; a non-finite value is then its
         own divergence (:meth:`sums_to_send`), every other problem still a violation."""
-        kind, tensors = message.kind, message.tensors
+        kind = message.kind
         if kind not in self._kinds:  # a protocol's own message: its values must be finite, the rest is its business
-            for name, t in tensors.items():
+            for name, t in message.tensors.items():
                 if t.is_floating_point() and not _finite(t):
                     self._nonfinite(message, receiver, name, t, own)
             return
-        # One entry per stream (sender, receiver, kind): its last step, and per tensor the dtype and trailing shape
-        # of its first message. (The common path builds no text and looks each fact up once.)
+        # One entry per stream (sender, receiver, kind): [its last step, whether its tensors have one row per batch
+        # row, the declared width, {tensor: (dtype, trailing shape or None) of its first message}]. The common
+        # path builds no text and looks each fact up once.
         stream = (message.sender, receiver, kind)
-        step, expected = message.step, self.round.step
         known = self._streams.get(stream)
-        if (expected is not None and step != expected) or (known is not None and step < known[0]):
-            self._refuse_step(message, receiver, expected, None if known is None else known[0])
         if known is None:
-            known = self._streams[stream] = [step, {}]
-        else:
-            known[0] = step
-        firsts = known[1]
-        rows = self.round.rows if kind in self._row_kinds else _NOT_PER_ROW
-        width = self.widths.get(kind)
-        for name, t in tensors.items():
+            known = self._streams[stream] = [-math.inf, kind in self._row_kinds, self.widths.get(kind), {}]
+        step, expected = message.step, self.round.step
+        if (expected is not None and step != expected) or step < known[0]:
+            self._refuse_step(message, receiver, expected, None if known[0] == -math.inf else known[0])
+        known[0] = step
+        _, per_row, width, firsts = known
+        for name, t in message.tensors.items():
             dtype = t.dtype
-            if t.is_floating_point():
-                # a sum is NaN or infinite if any value is; only an overflowing sum needs the exact check
-                if not math.isfinite(float(t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum())) \
-                        and not _finite(t):
+            # a sum is NaN or infinite if any value is; only an overflowing sum needs the exact check (16-bit
+            # floats are summed in float32: their own sums overflow at 65504)
+            if dtype in _WIDE_FLOATS:
+                if not _isfinite(float(t.sum())) and not _finite(t):
+                    self._nonfinite(message, receiver, name, t, own)
+            elif dtype.is_floating_point:
+                if not _isfinite(float(t.sum(dtype=torch.float32))) and not _finite(t):
                     self._nonfinite(message, receiver, name, t, own)
             elif kind not in _INTEGER_KINDS:
                 self._refuse(message, receiver, f"carries {name!r} as {dtype}, not a floating-point tensor")
             trailing = None
-            if rows is not _NOT_PER_ROW:
+            if per_row:
                 shape = t.shape
                 if not shape:
                     self._refuse(message, receiver, f"carries {name!r} as a scalar, not one row per batch row")
+                rows = self.round.rows
                 if rows is not None and shape[0] != rows:
                     self._refuse(message, receiver, f"has {shape[0]} rows in {name!r}; the batch has {rows}")
                 trailing = shape[1:]

@@ -166,7 +166,8 @@ class Network:
             self._known(m.receiver)
         # one wait for the GPU tensors of all of them (secvfl.device.to_host), not one per message
         encoded = encode_many(out)
-        self.guard.check_sent(sums)  # before anything leaves
+        if sums is not None:
+            self.guard.check_sent(sums)  # before anything leaves
         for m, data in zip(out, encoded, strict=True):
             self.transport.put(m.sender, m.receiver, m.kind, data)
             self.stats.count_payload(m.kind, encoded_payload_size(data))
@@ -196,7 +197,7 @@ class Network:
             raise PeerViolation(sender, problem)
         # as its sender counted it (Network.send)
         self.received.add(msg.sender, receiver, wire.kind, len(data), encoded_payload_size(data))
-        self.guard.check(msg, receiver, own=self._delivered_as_encoded())
+        self.guard.check(msg, receiver, self._delivered_as_encoded())  # (own: see send)
         # The receiver's layers act for the receiver (decompress, open a sealed envelope): what they return is what
         # the receiver got off the wire.
         msg = mark_delivered(msg)
