@@ -33,7 +33,6 @@ from secvfl.errors import UnsupportedError
 from secvfl.messages import Message
 from secvfl.metrics import classification_metrics
 from secvfl.parties import FeatureParty, LabelParty
-from secvfl.transport.guard import request_facts
 from secvfl.transport.network import Network
 
 __all__ = ["request", "PartyHandle", "LocalHandle", "local_party", "FeatureHandle", "LabelHandle"]
@@ -48,25 +47,27 @@ def _requests_of(cls: type) -> tuple[str, ...]:  # asked at every request a part
 
 
 _FACTS = ("step", "split", "ids", "rows")  # the request arguments that say which round the messages belong to
+_NOWHERE = 1 << 62  # (the position of a keyword-only or absent argument: past any call's positional ones)
 
 
-def facts_reader(method: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
-    """A function of a request's (args, kwargs) that returns its round facts (:func:`request_facts`): where in the
-    arguments ``step``, ``split``, ``ids`` and ``rows`` are is read from the signature once, not at every call."""
+def facts_reader(method: Callable[..., Any]) -> Callable[[tuple, dict], tuple[Any, Any, Any]] | None:
+    """A function of a request's (args, kwargs) that returns the values of its ``step``, ``split`` and rows
+    (``rows``, else ``ids``) arguments, None for one it lacks (:meth:`ReceiveGuard.enter` takes them); None for a
+    request with none of them. Where they are in the arguments is read from the signature once, not at every call."""
     params = list(inspect.signature(method).parameters.values())[1:]  # (self)
-    where = {p.name: (i if p.kind is p.POSITIONAL_OR_KEYWORD else None) for i, p in enumerate(params)
+    where = {p.name: (i if p.kind is p.POSITIONAL_OR_KEYWORD else _NOWHERE) for i, p in enumerate(params)
              if p.name in _FACTS}
     if not where:
-        return lambda args, kwargs: {}
+        return None
+    rows = "rows" if "rows" in where else "ids"
+    # (a name it lacks is looked up as None, which no keyword argument is)
+    (si, sn), (pi, pn), (ri, rn) = ((where.get(name, _NOWHERE), name if name in where else None)
+                                    for name in ("step", "split", rows))
 
-    def read(args: tuple, kwargs: dict) -> dict[str, Any]:
-        bound = {}
-        for name, i in where.items():
-            if i is not None and i < len(args):
-                bound[name] = args[i]
-            elif name in kwargs:
-                bound[name] = kwargs[name]
-        return request_facts(bound)
+    def read(args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
+        n = len(args)
+        return (args[si] if si < n else kwargs.get(sn), args[pi] if pi < n else kwargs.get(pn),
+                args[ri] if ri < n else kwargs.get(rn))
 
     return read
 
@@ -74,19 +75,25 @@ def facts_reader(method: Callable[..., Any]) -> Callable[[tuple, dict], dict[str
 def request(method: F) -> F:
     """Mark ``method`` as a request a coordinator may make of a party (the handle's API).
 
-    Serving it first tells the receive guard of the party's network which round the messages it takes belong to
-    (the request's ``step``, ``split`` and rows: :mod:`secvfl.transport.guard`)."""
+    Serving one that names a round (its ``step``, ``split`` or rows) first tells the receive guard of the party's
+    network which round the messages it takes belong to (:mod:`secvfl.transport.guard`). ``facts``: the function
+    that reads them from a call's arguments (the remote handles record the same facts: deploy.remote), None for a
+    request that names none (served as it is)."""
     read = facts_reader(method)
+    if read is None:
+        setattr(method, _REQUEST, True)
+        method.facts = None  # type: ignore[attr-defined]
+        return method
 
     @functools.wraps(method)
     def serve(self: Any, *args: Any, **kwargs: Any) -> Any:
         net = getattr(self, "_net", None)
         if net is not None:
-            net.guard.begin(read(args, kwargs))
+            net.guard.enter(*read(args, kwargs))
         return method(self, *args, **kwargs)
 
     setattr(serve, _REQUEST, True)
-    serve.facts = read  # type: ignore[attr-defined]  (the remote handles record the same facts: deploy.remote)
+    serve.facts = read  # type: ignore[attr-defined]
     return serve  # type: ignore[return-value]
 
 

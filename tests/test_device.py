@@ -83,14 +83,14 @@ def _count_to_host(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _pop_guard_reads(sites: dict[str, int]) -> None:
-    """Take out the receive guard's finiteness sums, which wait for nothing on a GPU: of each tensor a party sends
-    (on CUDA summed there, copied without a wait and read after the send's one wait for its messages:
-    ``secvfl.transport.guard.SentSums``; read at once only on the CPU, here) and of each tensor a party receives (host
-    tensors, decoded from bytes). In one process every tensor checked when sent is checked again when received, with
-    the other messages' tensors (checked only there)."""
+    """Take out the receive guard's finiteness sums, which wait for nothing on a GPU: of each tensor a party receives
+    (host tensors, decoded from bytes). In one process, with the plain in-process transport and no layer, that
+    check is also the sender's check of its own output (``Network.send``), which is not made a second time; a
+    party sending to another process checks what it sends (on CUDA summed there, copied without a wait and read
+    after the send's one wait: ``secvfl.transport.guard.SentSums``; tests/test_gpu.py)."""
     sent = sites.pop("secvfl.transport.guard:ReceiveGuard.sums_to_send", 0)
-    received = sites.pop("secvfl.transport.guard:_sum", 0)
-    assert 0 < sent <= received
+    received = sites.pop("secvfl.transport.guard:ReceiveGuard.check", 0) + sites.pop("secvfl.transport.guard:_sum", 0)
+    assert sent == 0 < received
 
 
 # -- the copies (CPU semantics; CUDA in test_gpu.py) -----------------------------------------------------------------

@@ -199,14 +199,16 @@ def test_image_bottoms_compute_the_same_on_cuda(kind: str, shape: tuple[int, int
 
 def test_a_party_s_own_non_finite_cuda_output_is_stopped_before_it_is_sent() -> None:
     """The send-side check on CUDA (secvfl.transport.guard.SentSums): sums copied without a wait, read after the
-    send's one wait; a finite embedding goes out, a non-finite one stops the run naming the sender and its cause."""
+    send's one wait; a finite embedding goes out, a non-finite one stops the run naming the sender and its cause.
+    The network is party0's own process's (``local``): with every party in one process the receiver's check would
+    be the sender's."""
     from secvfl.errors import TrainingDiverged
     from secvfl.transport.guard import ReceiveGuard
     from secvfl.transport.inprocess import InProcessTransport
     from secvfl.transport.layers import Role
     from secvfl.transport.network import Network
 
-    net = Network({"label": Role.LABEL, "party0": Role.FEATURE}, transport=InProcessTransport())
+    net = Network({"label": Role.LABEL, "party0": Role.FEATURE}, transport=InProcessTransport(), local="party0")
     net.guard = ReceiveGuard(["embedding"], ["gradient"])  # as an algorithm with embeddings declares it
     good = torch.randn(64, 16, device="cuda")
     net.send(Message("embedding", "party0", "label", 0, {"embedding": good}))

@@ -142,3 +142,42 @@ def test_the_finiteness_check_agrees_with_numpy(dtype: torch.dtype, values: list
     t = t.to(dtype)  # (values beyond the dtype's range become infinite here, as on the wire)
     reference = bool(np.isfinite(t.to(torch.float64).numpy()).all())
     assert _finite(t) is reference
+
+
+@pytest.mark.parametrize("where", ["one-process", "rewriting-transport", "sender-process"])
+def test_a_party_s_own_non_finite_output_names_its_own_divergence_wherever_it_is_checked(where: str) -> None:
+    """On the CPU: party0's own embedding holds a NaN. Its process stops the run with its divergence (the step size),
+    never as a violation: at the send in party0's own process (``local``), at the receive when every party is in
+    one process and the plain transport hands the receiver the sender's very bytes (the receiver's check is then the
+    sender's). A transport that may rewrite what it carries is not trusted so: there the sender checks, and what
+    arrives non-finite is the sender's violation."""
+    from secvfl.transport.guard import ReceiveGuard
+    from secvfl.transport.layers import Role
+    from secvfl.transport.network import Network
+
+    class Rewriting(InProcessTransport):
+        def put(self, sender: str, receiver: str, kind: str, data: bytes) -> None:
+            message = decode(data)
+            super().put(sender, receiver, kind, encode(_nan(message)) if message.step == 2 else data)
+
+    transport = Rewriting() if where == "rewriting-transport" else InProcessTransport()
+    net = Network({"label": Role.LABEL, "party0": Role.FEATURE}, transport=transport,
+                  local="party0" if where == "sender-process" else None)
+    net.guard = ReceiveGuard(["embedding"], ["gradient"])
+    good = torch.randn(8, 4)
+    net.send(Message("embedding", "party0", "label", 0, {"embedding": good}))
+    assert torch.equal(net.receive("label", kind="embedding", sender="party0").tensor("embedding"), good)
+    diverged = "party0's embedding became non-finite at step 1 \\(its own computation\\)\\. The step size"
+    own = _nan(Message("embedding", "party0", "label", 1, {"embedding": good.clone()}))
+    if where == "one-process":
+        net.send(own)
+        with pytest.raises(TrainingDiverged, match=diverged):
+            net.receive("label", kind="embedding", sender="party0")
+    else:
+        with pytest.raises(TrainingDiverged, match=diverged):
+            net.send(own)
+        assert net.transport.pending("label") == 0
+    if where == "rewriting-transport":  # finite as party0 sent it, rewritten on the way: party0's violation
+        net.send(Message("embedding", "party0", "label", 2, {"embedding": good}))
+        with pytest.raises(PeerViolation, match="^party party0 broke the protocol: .*holds 2 non-finite values"):
+            net.receive("label", kind="embedding", sender="party0")

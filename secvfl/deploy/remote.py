@@ -153,7 +153,7 @@ class RemoteHandle(PartyHandle):
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if guard is not None:
-                guard.begin(facts(args, kwargs))
+                guard.enter(*facts(args, kwargs))
             value = self._link.call(self.name, attr, args, kwargs, reply=reply)
             if reply:
                 problem = _type_problem(value, expected)

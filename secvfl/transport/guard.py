@@ -10,11 +10,13 @@ declare nothing per message and grow no branch: the guard knows
   processes); a request that names a step starts a new round, one that names only rows or a split adds them;
 * the algorithm's **traits**: which kinds are its forward outputs (one row per batch row) and backward messages;
 * the **widths** the algorithm declares for its forward outputs (:meth:`Algorithm.message_widths`), and what each
-  stream (sender, kind, tensor) carried first: its dtype and trailing shape stay the same for the whole run.
+  stream (sender, receiver, kind, tensor) carried first: its dtype and trailing shape stay the same for the whole
+  run.
 
 Refused, naming the sender (:class:`~secvfl.transport.base.PeerViolation`): non-finite values in any floating
 tensor (a NaN that arrived never reaches a loss, so no run blames ``--lr`` for a peer's NaN; an honest party whose
-own model diverged stops before it sends one, naming its step size: :meth:`ReceiveGuard.check_sent`); integer tensors where
+own model diverged stops before it sends one, naming its step size: :meth:`ReceiveGuard.sums_to_send`; in one process
+whose receiver gets the sender's very bytes, the receiver's check says so instead); integer tensors where
 an algorithm sends floats; a step other than the round's (stale, replayed, duplicated or future messages: an
 algorithm numbers every training batch, so an extra or old message is out of turn), or older than the stream's
 last; rows other than the round's (forward outputs and gradients have one row per batch row); a width other than
@@ -37,9 +39,11 @@ from secvfl.errors import TrainingDiverged
 from secvfl.messages import Message
 from secvfl.transport.base import PeerViolation
 
-__all__ = ["ReceiveGuard", "Round", "SentSums", "request_facts"]
+__all__ = ["ReceiveGuard", "Round", "SentSums"]
 
 _INTEGER_KINDS = frozenset({"prediction", "labels"})  # outputs that are class labels, not values
+_WIDE_FLOATS = frozenset({torch.float32, torch.float64})  # summed in their own dtype
+_isfinite = math.isfinite
 
 
 @dataclass
@@ -100,22 +104,6 @@ class SentSums:
         return out
 
 
-def request_facts(bound: Mapping[str, Any]) -> dict[str, Any]:
-    """The round facts among a request's named arguments (``step``, ``split``, ``ids`` or ``rows``)."""
-    facts: dict[str, Any] = {}
-    step = bound.get("step")
-    if isinstance(step, int) and not isinstance(step, bool):
-        facts["step"] = step
-    split = bound.get("split")
-    if isinstance(split, str):
-        facts["split"] = split
-    for name in ("ids", "rows"):
-        rows = bound.get(name)
-        if rows is not None and hasattr(rows, "__len__") and not isinstance(rows, (str, bytes, dict)):
-            facts["rows"] = len(rows)
-    return facts
-
-
 class ReceiveGuard:
     """Checks each message a party of this process receives against the round, the algorithm's traits and what
     the stream carried before (see the module docstring). Every received message passes here: the common path
@@ -130,25 +118,26 @@ class ReceiveGuard:
         self.widths: dict[str, int] = {}
         # why this process's own computation diverged, and the fix (secvfl.runner sets the run's)
         self.divergence_cause: Callable[[], str] = _default_cause
-        # (sender, kind, tensor) -> (dtype, trailing shape or None) of the stream's first message
-        self._streams: dict[tuple[str, str, str], tuple[torch.dtype, tuple[int, ...] | None]] = {}
-        self._steps: dict[tuple[str, str, str], int] = {}
+        # (sender, receiver, kind) -> what the stream carried so far (see check)
+        self._streams: dict[tuple[str, str, str], list[Any]] = {}
 
-    def begin(self, facts: Mapping[str, Any]) -> None:
-        """A request with these facts is being served (see :func:`request_facts`)."""
-        if not facts:
-            return
-        if "step" in facts:
-            self.round = Round(facts["step"], facts.get("split"), facts.get("rows"))
-        else:
-            if "split" in facts:
-                self.round.split = facts["split"]
-            if "rows" in facts:
-                self.round.rows = facts["rows"]
+    def enter(self, step: Any, split: Any, ids: Any) -> None:
+        """A request is being served whose ``step``, ``split`` and rows (``ids`` or ``rows``) arguments have these
+        values (None: the request has no such argument; see :func:`secvfl.handles.facts_reader`). An integer step
+        starts a new round; a split name or rows alone change the current one."""
+        round_ = self.round
+        if isinstance(step, int) and not isinstance(step, bool):
+            round_.step, round_.split, round_.rows = step, None, None
+        if isinstance(split, str):
+            round_.split = split
+        if ids is not None and hasattr(ids, "__len__") and not isinstance(ids, (str, bytes, dict)):
+            round_.rows = len(ids)
 
     def declare_widths(self, widths: Mapping[str, int]) -> None:
         """Columns of each forward kind's tensors, as the algorithm builds them."""
         self.widths.update({k: int(v) for k, v in widths.items()})
+        for (_, _, kind), known in self._streams.items():
+            known[2] = self.widths.get(kind)
 
     def sums_to_send(self, messages: Sequence[Message]) -> SentSums | None:
         """Check what the party itself computed (the algorithm's messages it is about to send, before its layers): a
@@ -163,7 +152,7 @@ class ReceiveGuard:
             if m.kind not in kinds:
                 continue
             for t in m.tensors.values():
-                if not t.is_floating_point() or not t.numel():
+                if not t.is_floating_point():  # (an empty tensor sums to 0)
                     continue
                 if t.is_cuda:
                     on_device = on_device or []
@@ -187,30 +176,41 @@ class ReceiveGuard:
         raise TrainingDiverged(f"training stopped: {message.sender}'s {message.kind} became non-finite at step "
                                f"{message.step} (its own computation). {self.divergence_cause()}")
 
-    def check(self, message: Message, receiver: str) -> None:
-        """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it."""
-        kind, tensors = message.kind, message.tensors
+    def check(self, message: Message, receiver: str, own: bool = False) -> None:
+        """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it. ``own``: the
+        sender is a party of this process whose message arrives as it was encoded (no layer, no other process: see
+        :meth:`secvfl.transport.network.Network.send`), and did not check it itself; a non-finite value is then its
+        own divergence (:meth:`sums_to_send`), every other problem still a violation."""
+        kind = message.kind
         if kind not in self._kinds:  # a protocol's own message: its values must be finite, the rest is its business
-            for name, t in tensors.items():
-                if t.is_floating_point() and t.numel() and not _finite(t):
-                    self._refuse_nonfinite(message, receiver, name, t)
+            for name, t in message.tensors.items():
+                if t.is_floating_point() and not _finite(t):
+                    self._nonfinite(message, receiver, name, t, own)
             return
-        sender, step = message.sender, message.step
-        expected = self.round.step
-        stream = (sender, receiver, kind)
-        last = self._steps.get(stream)
-        if (expected is not None and step != expected) or (last is not None and step < last):
-            self._refuse_step(message, receiver, expected, last)
-        self._steps[stream] = step
-        per_row = kind in self._row_kinds
-        width = self.widths.get(kind)
-        for name, t in tensors.items():
-            floating = t.is_floating_point()
-            if floating:
-                if t.numel() and not _finite(t):
-                    self._refuse_nonfinite(message, receiver, name, t)
+        # One entry per stream (sender, receiver, kind): [its last step, whether its tensors have one row per batch
+        # row, the declared width, {tensor: (dtype, trailing shape or None) of its first message}]. The common
+        # path builds no text and looks each fact up once.
+        stream = (message.sender, receiver, kind)
+        known = self._streams.get(stream)
+        if known is None:
+            known = self._streams[stream] = [-math.inf, kind in self._row_kinds, self.widths.get(kind), {}]
+        step, expected = message.step, self.round.step
+        if (expected is not None and step != expected) or step < known[0]:
+            self._refuse_step(message, receiver, expected, None if known[0] == -math.inf else known[0])
+        known[0] = step
+        _, per_row, width, firsts = known
+        for name, t in message.tensors.items():
+            dtype = t.dtype
+            # a sum is NaN or infinite if any value is; only an overflowing sum needs the exact check (16-bit
+            # floats are summed in float32: their own sums overflow at 65504)
+            if dtype in _WIDE_FLOATS:
+                if not _isfinite(float(t.sum())) and not _finite(t):
+                    self._nonfinite(message, receiver, name, t, own)
+            elif dtype.is_floating_point:
+                if not _isfinite(float(t.sum(dtype=torch.float32))) and not _finite(t):
+                    self._nonfinite(message, receiver, name, t, own)
             elif kind not in _INTEGER_KINDS:
-                self._refuse(message, receiver, f"carries {name!r} as {t.dtype}, not a floating-point tensor")
+                self._refuse(message, receiver, f"carries {name!r} as {dtype}, not a floating-point tensor")
             trailing = None
             if per_row:
                 shape = t.shape
@@ -223,14 +223,19 @@ class ReceiveGuard:
                 if width is not None and (not trailing or trailing[0] != width):
                     self._refuse(message, receiver, f"has {trailing[0] if trailing else 'no'} columns in {name!r}; "
                                  f"the run's {kind} width is {width}")
-            first = self._streams.get((sender, kind, name))
+            first = firsts.get(name)
             if first is None:
-                self._streams[sender, kind, name] = (t.dtype, trailing)
-            elif t.dtype is not first[0]:
-                self._refuse(message, receiver, f"carries {name!r} as {t.dtype}; its earlier ones were {first[0]}")
+                firsts[name] = (dtype, trailing)
+            elif dtype is not first[0]:
+                self._refuse(message, receiver, f"carries {name!r} as {dtype}; its earlier ones were {first[0]}")
             elif trailing != first[1]:
                 self._refuse(message, receiver, f"has rows of shape {list(trailing)} in {name!r}; its earlier ones "
                              f"had {list(first[1])}")
+
+    def _nonfinite(self, message: Message, receiver: str, name: str, t: torch.Tensor, own: bool) -> None:
+        if own:
+            self._diverged(message)
+        self._refuse_nonfinite(message, receiver, name, t)
 
     # -- the refusals (built only when one happens) ---------------------------------------------------------------
     @staticmethod
