@@ -133,21 +133,27 @@ def test_one_round_matches_the_papers_equations(algo: str, prox: float, residual
             np.testing.assert_allclose(got.detach().numpy(), p.detach().numpy(), atol=1e-7)
 
 
-def test_local_steps_restart_momentum_and_halve_the_step_when_the_objective_blows_up() -> None:
-    """f(p) = a/2 p^2 with lr * a = 5 (heavy ball is stable below 2 (1 + momentum) = 3.8): plain SGD with momentum
-    blows up (checked here, so the test has power); the safeguarded steps (momentum reset, step halved when f more
-    than doubles) end below the start, and the configured step size is back after the round."""
-    a, lr = 2.0, 2.5
+def _guarded_quadratic_round(a: float, lr: float) -> tuple[torch.nn.Parameter, torch.optim.SGD, _LocalSteps]:
+    """20 safeguarded heavy-ball steps (momentum 0.9) on f(p) = a/2 p^2 from p = 1, the round then restored."""
     p = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
     opt = torch.optim.SGD([p], lr=lr, momentum=0.9)
     steps = _LocalSteps(opt)
-    start = float(a / 2 * p.detach() ** 2)
     for _ in range(20):
         opt.zero_grad()
         value = a / 2 * (p ** 2).sum()
         value.backward()
         steps.step(float(value.detach()))
     steps.restore()
+    return p, opt, steps
+
+
+def test_local_steps_restart_momentum_and_halve_the_step_when_the_objective_blows_up() -> None:
+    """f(p) = a/2 p^2 with lr * a = 5 (heavy ball is stable below 2 (1 + momentum) = 3.8): plain SGD with momentum
+    blows up (checked here, so the test has power); the safeguarded steps (momentum reset, step halved when f more
+    than doubles) end below the start, and the configured step size is back after the round."""
+    a, lr = 2.0, 2.5
+    start = a / 2  # f at p = 1
+    p, opt, steps = _guarded_quadratic_round(a, lr)
     assert float(a / 2 * p.detach() ** 2) < start
     assert steps.restarts >= 1 and opt.param_groups[0]["lr"] == pytest.approx(lr)
 
@@ -164,15 +170,7 @@ def test_local_steps_undo_a_step_that_blows_the_objective_up() -> None:
     until it is small enough; the round ends below its start. Halving without undoing, as a party did before, keeps
     every overshoot: the round ends more than 10^6 times above its start."""
     a, lr = 2.0, 25.0
-    p = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
-    opt = torch.optim.SGD([p], lr=lr, momentum=0.9)
-    steps = _LocalSteps(opt)
-    for _ in range(20):
-        opt.zero_grad()
-        value = a / 2 * (p ** 2).sum()
-        value.backward()
-        steps.step(float(value.detach()))
-    steps.restore()
+    p, opt, steps = _guarded_quadratic_round(a, lr)
     assert a / 2 * float(p.detach()) ** 2 < 1e-3 * (a / 2)
     assert steps.rejected >= 4 and opt.param_groups[0]["lr"] == pytest.approx(lr)  # 25 -> 1.56 < 2/a takes 4 halvings
 

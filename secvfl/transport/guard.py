@@ -63,8 +63,11 @@ def _finite(t: torch.Tensor) -> bool:
     """Whether every value of the floating tensor ``t`` is finite. A sum is NaN or infinite if any value is, and
     costs a tenth of ``torch.isfinite(t).all()``; only an infinite sum of finite values (an overflow) needs the
     exact check."""
-    if math.isfinite(_sum(t)):
-        return True
+    return math.isfinite(_sum(t)) or _exactly_finite(t)
+
+
+def _exactly_finite(t: torch.Tensor) -> bool:
+    """Every value of ``t`` checked, for a tensor whose sum is not finite (NaN or infinity in it, or an overflow)."""
     if t.device.type != "cpu":  # (a party's own output on its accelerator, before it is encoded)
         return bool(torch.isfinite(t).all())
     values = t.float() if t.dtype is torch.bfloat16 else t
@@ -158,9 +161,7 @@ class ReceiveGuard:
                     on_device = on_device or []
                     on_device.append((m, t))
                     continue
-                t = t.detach()
-                if not math.isfinite(float(t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum())) \
-                        and not _finite(t):
+                if not _finite(t.detach()):
                     self._diverged(m)
         return None if on_device is None else SentSums(on_device)
 
@@ -169,7 +170,7 @@ class ReceiveGuard:
         if sent is None:
             return
         for (message, t), total in zip(sent.tensors, sent.values(), strict=True):
-            if not math.isfinite(total) and not _finite(t):
+            if not math.isfinite(total) and not _exactly_finite(t):
                 self._diverged(message)
 
     def _diverged(self, message: Message) -> None:
@@ -204,10 +205,10 @@ class ReceiveGuard:
             # a sum is NaN or infinite if any value is; only an overflowing sum needs the exact check (16-bit
             # floats are summed in float32: their own sums overflow at 65504)
             if dtype in _WIDE_FLOATS:
-                if not _isfinite(float(t.sum())) and not _finite(t):
+                if not _isfinite(float(t.sum())) and not _exactly_finite(t):
                     self._nonfinite(message, receiver, name, t, own)
             elif dtype.is_floating_point:
-                if not _isfinite(float(t.sum(dtype=torch.float32))) and not _finite(t):
+                if not _isfinite(float(t.sum(dtype=torch.float32))) and not _exactly_finite(t):
                     self._nonfinite(message, receiver, name, t, own)
             elif kind not in _INTEGER_KINDS:
                 self._refuse(message, receiver, f"carries {name!r} as {dtype}, not a floating-point tensor")
