@@ -9,6 +9,7 @@ reference is the message itself (which party, which step, which shape), not a re
 from __future__ import annotations
 
 import json
+import math
 import struct
 
 import numpy as np
@@ -142,6 +143,47 @@ def test_the_finiteness_check_agrees_with_numpy(dtype: torch.dtype, values: list
     t = t.to(dtype)  # (values beyond the dtype's range become infinite here, as on the wire)
     reference = bool(np.isfinite(t.to(torch.float64).numpy()).all())
     assert _finite(t) is reference
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([torch.float32, torch.float64]),
+       st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=1, max_size=40),
+       st.sampled_from(["plain", "extreme", "huge-squares"]))
+def test_the_codec_s_sums_of_squares_decide_finiteness_as_numpy_does(dtype: torch.dtype, values: list[float],
+                                                                     scale: str) -> None:
+    """What the receiver (decode's sums) and the sender (encode_many's sums) decide about a float32/float64 tensor
+    is numpy's ``isfinite(...).all()``, also where the squares overflow though every value is finite; the sums
+    themselves are the float64 reference's within rounding."""
+    from secvfl.messages import encode_many, square_sums
+    from secvfl.transport.guard import ReceiveGuard
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if scale != "plain":  # finite values whose sum (extreme) or squares (huge-squares) overflow the dtype
+        big = torch.finfo(dtype).max if scale == "extreme" else math.sqrt(torch.finfo(dtype).max) * 4
+        t = torch.where(torch.isfinite(t), torch.full_like(t, big), t)
+    t = t.to(dtype).reshape(1, -1)
+    values64 = t.to(torch.float64).numpy()
+    finite = bool(np.isfinite(values64).all())
+    message = Message("embedding", "party0", "label", 3, {"embedding": t})
+    sums: list = []
+    data = encode_many([message], sums)[0]
+    received = decode(data)
+    for got in (sums[0]["embedding"], square_sums(received)["embedding"]):
+        with np.errstate(over="ignore", invalid="ignore"):
+            reference = float((values64 ** 2).sum())
+        if finite and math.isfinite(got):
+            assert got == pytest.approx(reference, rel=1e-5)
+        elif not finite:
+            assert not math.isfinite(got)
+    guard = ReceiveGuard(["embedding"], ["gradient"])
+    if finite:
+        guard.check(received, "label", as_read=True)
+        guard.check_encoded([message], sums)
+    else:
+        with pytest.raises(PeerViolation, match="non-finite"):
+            guard.check(received, "label", as_read=True)
+        with pytest.raises(TrainingDiverged, match="its own computation"):
+            guard.check_encoded([message], sums)
 
 
 @pytest.mark.parametrize("where", ["one-process", "rewriting-transport", "sender-process"])

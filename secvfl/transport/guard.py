@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from secvfl.errors import TrainingDiverged
-from secvfl.messages import Message
+from secvfl.messages import Message, square_sums
 from secvfl.transport.base import PeerViolation
 
 __all__ = ["ReceiveGuard", "Round", "SentSums"]
@@ -44,6 +44,7 @@ __all__ = ["ReceiveGuard", "Round", "SentSums"]
 _INTEGER_KINDS = frozenset({"prediction", "labels"})  # outputs that are class labels, not values
 _WIDE_FLOATS = frozenset({torch.float32, torch.float64})  # summed in their own dtype
 _isfinite = math.isfinite
+_NO_SUMS: Mapping[str, float] = {}
 
 
 @dataclass
@@ -142,13 +143,16 @@ class ReceiveGuard:
         for (_, _, kind), known in self._streams.items():
             known[2] = self.widths.get(kind)
 
-    def sums_to_send(self, messages: Sequence[Message]) -> SentSums | None:
+    def sums_to_send(self, messages: Sequence[Message], cpu: bool = True) -> SentSums | None:
         """Check what the party itself computed (the algorithm's messages it is about to send, before its layers): a
         party never sends non-finite values, its own model diverged (its step size or its data), which it says
         itself (:attr:`divergence_cause`), so that a non-finite value that arrives is always the sender's
         violation. CPU tensors are checked here; CUDA tensors' sums come back for :meth:`check_sent`, read after
         the send's one wait (None: nothing left to check). A sum is NaN or infinite if any value is; only an
-        overflowing sum of finite values needs the exact check."""
+        overflowing sum of finite values needs the exact check. ``cpu=False``: the CPU tensors are left to
+        :meth:`check_encoded`."""
+        if not cpu and not torch.cuda.is_initialized():  # no CUDA in this process: no tensor is on a GPU
+            return None
         kinds = self._kinds
         on_device = None
         for m in messages:
@@ -161,9 +165,26 @@ class ReceiveGuard:
                     on_device = on_device or []
                     on_device.append((m, t))
                     continue
-                if not _finite(t.detach()):
+                if cpu and not _finite(t.detach()):
                     self._diverged(m)
         return None if on_device is None else SentSums(on_device)
+
+    def check_encoded(self, messages: Sequence[Message], sums: Sequence[Mapping[str, float]]) -> None:
+        """:meth:`sums_to_send` for the CPU tensors of messages just encoded, from the sums of squares the encoder
+        read off their bytes (:func:`secvfl.messages.encode_many`); 16-bit floats are summed here."""
+        kinds = self._kinds
+        for m, by_name in zip(messages, sums, strict=True):
+            if m.kind not in kinds:
+                continue
+            for name, t in m.tensors.items():
+                if not t.is_floating_point() or t.is_cuda:
+                    continue
+                total = by_name.get(name)
+                if total is None:
+                    if not _finite(t.detach()):
+                        self._diverged(m)
+                elif not _isfinite(total) and not _exactly_finite(t.detach()):
+                    self._diverged(m)
 
     def check_sent(self, sent: SentSums | None) -> None:
         """The CUDA tensors' part of :meth:`sums_to_send`."""
@@ -177,16 +198,21 @@ class ReceiveGuard:
         raise TrainingDiverged(f"training stopped: {message.sender}'s {message.kind} became non-finite at step "
                                f"{message.step} (its own computation). {self.divergence_cause()}")
 
-    def check(self, message: Message, receiver: str, own: bool = False) -> None:
+    def check(self, message: Message, receiver: str, own: bool = False, as_read: bool = False) -> None:
         """Raise :class:`PeerViolation` naming ``message.sender`` if ``receiver`` must not accept it. ``own``: the
         sender is a party of this process whose message arrives as it was encoded (no layer, no other process: see
         :meth:`secvfl.transport.network.Network.send`), and did not check it itself; a non-finite value is then its
-        own divergence (:meth:`sums_to_send`), every other problem still a violation."""
+        own divergence (:meth:`sums_to_send`), every other problem still a violation. ``as_read``: the message is
+        what :func:`~secvfl.messages.decode` returned, untouched since (no layer): the sums of squares it computed
+        while reading the bytes stand for its tensors' values (:func:`~secvfl.messages.square_sums`)."""
         kind = message.kind
+        sums = square_sums(message) if as_read else _NO_SUMS
         if kind not in self._kinds:  # a protocol's own message: its values must be finite, the rest is its business
             for name, t in message.tensors.items():
-                if t.is_floating_point() and not _finite(t):
-                    self._nonfinite(message, receiver, name, t, own)
+                if t.is_floating_point():
+                    total = sums.get(name)
+                    if not (_finite(t) if total is None else _isfinite(total) or _exactly_finite(t)):
+                        self._nonfinite(message, receiver, name, t, own)
             return
         # One entry per stream (sender, receiver, kind): [its last step, whether its tensors have one row per batch
         # row, the declared width, {tensor: (dtype, trailing shape or None) of its first message}]. The common
@@ -202,16 +228,21 @@ class ReceiveGuard:
         _, per_row, width, firsts = known
         for name, t in message.tensors.items():
             dtype = t.dtype
-            # a sum is NaN or infinite if any value is; only an overflowing sum needs the exact check (16-bit
-            # floats are summed in float32: their own sums overflow at 65504)
-            if dtype in _WIDE_FLOATS:
-                if not _isfinite(float(t.sum())) and not _exactly_finite(t):
-                    self._nonfinite(message, receiver, name, t, own)
-            elif dtype.is_floating_point:
-                if not _isfinite(float(t.sum(dtype=torch.float32))) and not _exactly_finite(t):
-                    self._nonfinite(message, receiver, name, t, own)
-            elif kind not in _INTEGER_KINDS:
-                self._refuse(message, receiver, f"carries {name!r} as {dtype}, not a floating-point tensor")
+            # a sum is NaN or infinite if any value is; only an overflowing sum needs the exact check (the decoder's
+            # sums of squares of float32 and float64 values, else torch's sum; 16-bit floats are summed in float32:
+            # their own sums overflow at 65504)
+            total = sums.get(name)
+            if total is None:
+                if dtype in _WIDE_FLOATS:
+                    total = float(t.sum())
+                elif dtype.is_floating_point:
+                    total = float(t.sum(dtype=torch.float32))
+                elif kind not in _INTEGER_KINDS:
+                    self._refuse(message, receiver, f"carries {name!r} as {dtype}, not a floating-point tensor")
+                else:
+                    total = 0.0
+            if not _isfinite(total) and not _exactly_finite(t):
+                self._nonfinite(message, receiver, name, t, own)
             trailing = None
             if per_row:
                 shape = t.shape

@@ -153,10 +153,13 @@ class Network:
         # What the party itself computed: its own divergence is its own to report, checked here (read after the one
         # wait below) -- unless the receiver is a party of this process that gets these very bytes and checks them
         # anyway (receive, own=True), which then says so with the same cause.
-        sums = None if self._delivered_as_encoded() else self.guard.sums_to_send(messages)
-        if self.layers:  # a protocol layer must not see them (it may read or keep them)
-            self.guard.check_sent(sums)
-            sums = None
+        check = not self._delivered_as_encoded()
+        sums = None
+        if check and self.layers:  # a protocol layer must not see them (it may read or keep them)
+            self.guard.check_sent(self.guard.sums_to_send(messages))
+            check = False
+        elif check:  # the CPU tensors from what the encoder reads (check_encoded), the GPU ones on the device
+            sums = self.guard.sums_to_send(messages, cpu=False)
         if sender in self._views:
             self._views[sender].sent.extend(messages)
         out = list(messages)
@@ -165,9 +168,13 @@ class Network:
         for m in out:
             self._known(m.receiver)
         # one wait for the GPU tensors of all of them (secvfl.device.to_host), not one per message
-        encoded = encode_many(out)
-        if sums is not None:
+        if check:  # (no layer: ``out`` is ``messages``)
+            squares: list[dict[str, float]] = []
+            encoded = encode_many(out, squares)
             self.guard.check_sent(sums)  # before anything leaves
+            self.guard.check_encoded(out, squares)
+        else:
+            encoded = encode_many(out)
         for m, data in zip(out, encoded, strict=True):
             self.transport.put(m.sender, m.receiver, m.kind, data)
             self.stats.count_payload(m.kind, encoded_payload_size(data))
@@ -197,7 +204,7 @@ class Network:
             raise PeerViolation(sender, problem)
         # as its sender counted it (Network.send)
         self.received.add(msg.sender, receiver, wire.kind, len(data), encoded_payload_size(data))
-        self.guard.check(msg, receiver, self._delivered_as_encoded())  # (own: see send)
+        self.guard.check(msg, receiver, self._delivered_as_encoded(), as_read=msg is wire and not self.layers)
         # The receiver's layers act for the receiver (decompress, open a sealed envelope): what they return is what
         # the receiver got off the wire.
         msg = mark_delivered(msg)
