@@ -448,3 +448,21 @@ def test_mutual_tls_between_parties_and_refusals(issued: Federation, tmp_path: P
     with pytest.raises(ssl.SSLCertVerificationError, match="certificate verify failed"):
         _mutual_tls(_context(ssl.PROTOCOL_TLS_SERVER, tmp_path / "bank.pem", tmp_path / "bank.key", issued.ca),
                     client, "bank")  # and a client refuses a server certificate from another CA
+
+
+def test_loopback_ports_are_free_distinct_and_outside_the_source_port_range() -> None:
+    """(CPU, sockets on 127.0.0.1 only.) Ports for a loopback federation come from below the kernel's ephemeral
+    range, which every outgoing connection takes its source port from: a client elsewhere on the host cannot take one
+    between the choice and the party's bind. Each is free: a plain bind succeeds."""
+    import socket
+
+    from secvfl.deploy.loopback import _ephemeral_range, free_loopback_ports
+
+    low, high = _ephemeral_range()
+    for _ in range(20):
+        ports = free_loopback_ports(6)
+        assert len(set(ports)) == 6
+        assert all(1024 <= p < low for p in ports), (ports, low)
+        for port in ports:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))

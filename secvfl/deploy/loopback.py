@@ -3,6 +3,7 @@ transport benchmark and for tests."""
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,13 +11,43 @@ from pathlib import Path
 __all__ = ["free_loopback_ports", "loopback_federation"]
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out as the source ports of outgoing connections (Linux; its default elsewhere)."""
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_loopback_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 right now (the OS picks them; bind soon after)."""
-    socks = [socket.socket() for _ in range(n)]
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (bind soon after).
+
+    They are drawn at random from below the kernel's ephemeral range, each checked by binding it: a port the kernel
+    picks for ``bind(0)`` comes from the range it also gives every outgoing connection as its source port, so in the
+    moment between choosing a port and a party binding it, any client on the host (another federation's gRPC
+    channel) could take it. Below that range only another process choosing the same port at random could."""
+    low, _ = _ephemeral_range()
+    start = max(1024, low - 12000)
+    rng = random.SystemRandom()
+    ports: list[int] = []
+    for _ in range(200 * n):  # bounded: a crowded range falls back to the kernel's choice below
+        if len(ports) == n:
+            return ports
+        port = rng.randrange(start, low) if low > start else 0
+        if port == 0 or port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    socks = [socket.socket() for _ in range(n - len(ports))]
     try:
         for s in socks:
             s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+        return ports + [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
