@@ -85,7 +85,10 @@ def test_ctrl_c_during_a_launch_prints_the_command_that_continues_it_and_that_co
               "--seed", "1", "--threads", "1", "--device", "cpu")
     cmd = [sys.executable, "-m", "secvfl.cli.main", "launch", "--federation", str(fed), "--out", str(run),
            "--party-timeout", "60", *common]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as at a terminal: a test run started in the background (`cmd &` in a script) ignores SIGINT, and so
+    # would the launcher it starts; the launcher gets the terminal's default disposition back
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while not (run / "label" / "checkpoints" / "latest.json").exists():
