@@ -121,34 +121,37 @@ def check_out_dir(run_dir: Path, cfg: TrainConfig | None = None, resume: str | N
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--out {run_dir} is an existing file; name a directory (it is created if needed)")
     check_run_contents(run_dir, cfg, resume)
-    existing = run_dir.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"--out {run_dir}: {existing} is a file, so no directory can be created under it; "
-                          "choose another path")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {run_dir}: {existing} is not writable (read-only file system or no permission); "
-                          "choose a writable directory")
-    # Try it: /proc and the like pass the permission check (for root) but refuse.
-    if existing == run_dir.absolute():
+    # Try it: /proc and the like pass the permission check (for root) but refuse. The probe is a private temporary
+    # entry in the deepest directory that exists, never the path's own directories: the run creates those once its
+    # settings proved valid, and the parties of a launch check sibling directories under one new parent at the same
+    # moment (creating and removing the parent raced them). If another process removes the directory found, the
+    # walk starts over, a bounded number of times.
+    for _ in range(5):
+        existing = run_dir.absolute()
+        while not existing.exists():
+            existing = existing.parent
+        if existing.exists() and not existing.is_dir():
+            raise ConfigError(f"--out {run_dir}: {existing} is a file, so no directory can be created under it; "
+                              "choose another path")
+        if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"--out {run_dir}: {existing} is not writable (read-only file system or no "
+                              "permission); choose a writable directory")
         try:
-            fd, probe = tempfile.mkstemp(dir=run_dir, prefix=".secvfl-probe-")
-            os.close(fd)
-            os.unlink(probe)
+            if existing == run_dir.absolute():
+                fd, probe = tempfile.mkstemp(dir=existing, prefix=".secvfl-probe-")
+                os.close(fd)
+                os.unlink(probe)
+            else:
+                os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".secvfl-probe-"))
+            return
         except OSError as exc:
-            raise ConfigError(f"--out {run_dir}: cannot create files there ({exc.strerror}); choose a directory on "
-                              "a writable disk") from None
-        return
-    try:
-        run_dir.mkdir(parents=True)
-    except OSError as exc:
-        raise ConfigError(f"--out {run_dir}: cannot create a directory under {existing} ({exc.strerror}); "
-                          "choose a directory on a writable disk") from None
-    created = run_dir.absolute()
-    while created != existing:  # removed again: the run creates it once its settings proved valid
-        created.rmdir()
-        created = created.parent
+            if isinstance(exc, FileNotFoundError) and not existing.exists():
+                continue  # removed between the walk and the probe
+            what = "files there" if existing == run_dir.absolute() else f"a directory under {existing}"
+            raise ConfigError(f"--out {run_dir}: cannot create {what} ({exc.strerror}); choose a directory on a "
+                              "writable disk") from None
+    raise ConfigError(f"--out {run_dir}: its parent directories keep disappearing while it is checked; choose a "
+                      "directory no other process removes")
 
 
 @contextmanager
