@@ -79,13 +79,13 @@ def one(fed_path: str, name: str, exchanges: int, warmup: int, rows: int, cols: 
 
     for step in range(warmup):
         exchange(step)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0, main0 = time.process_time(), time.perf_counter(), time.thread_time()
     for step in range(warmup, warmup + exchanges):
         exchange(step)
-    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    cpu, wall, main = time.process_time() - cpu0, time.perf_counter() - wall0, time.thread_time() - main0
     time.sleep(0.5)  # the last frames leave before the link closes
     transport.close()
-    return {"cpu": cpu, "wall": wall}
+    return {"cpu": cpu, "wall": wall, "main_thread_cpu": main}
 
 
 def measure(src: str, args: argparse.Namespace) -> dict:
