@@ -122,8 +122,14 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_NAMES = {v: k for k, v in WIRE_DTYPES.items()}
 _ITEMSIZE = {v: v.itemsize for v in WIRE_DTYPES.values()}
-# Wire dtype name -> (torch dtype, item size, numpy dtype or None for bfloat16, which numpy lacks), for decode.
-_WIRE_TYPES = {k: (v, v.itemsize, None if v is torch.bfloat16 else np.dtype(k)) for k, v in WIRE_DTYPES.items()}
+# The dtypes whose values' finiteness the codec reads off as it encodes or decodes (square_sums): a sum of squares,
+# one BLAS dot product over the bytes in hand, is NaN or infinite if any value is; a receiver checks every float
+# tensor it gets, and a torch reduction launched on a freshly woken thread costs several times this.
+_SQUARED_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+# Wire dtype name -> (torch dtype, item size, numpy dtype or None for bfloat16, which numpy lacks, whether decode
+# takes its sum of squares), for decode.
+_WIRE_TYPES = {k: (v, v.itemsize, None if v is torch.bfloat16 else np.dtype(k),
+                   v is not torch.bfloat16 and np.dtype(k) in _SQUARED_DTYPES) for k, v in WIRE_DTYPES.items()}
 
 # The header's schema: msgspec checks these types, ranges and lengths while it parses.
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
@@ -382,10 +388,6 @@ def _join(message: Message, head: bytes, tensors: list[torch.Tensor], sums: dict
     return b"".join(parts)
 
 
-# The dtypes whose values' finiteness the codec reads off as it encodes or decodes (square_sums): a sum of squares,
-# one BLAS dot product over the bytes in hand, is NaN or infinite if any value is; a receiver checks every float
-# tensor it gets, and a torch reduction launched on a freshly woken thread costs several times this.
-_SQUARED_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 # A non-finite or overflowing sum is the answer, not a fault (the receiver names the sender); numpy's warning about
 # it would reach the party's log beside that line. A filter costs nothing per message, unlike np.errstate.
 warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered in dot", RuntimeWarning, r"secvfl\.messages")
@@ -455,7 +457,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     left = n - off
     layout = []
     for name, dname, shape in head.tensors:
-        dtype, itemsize, np_dtype = _WIRE_TYPES[dname]
+        dtype, itemsize, np_dtype, squared = _WIRE_TYPES[dname]
         nbytes = math.prod(shape) * itemsize  # at most 8 dims below 2^31: exact and cheap
         if nbytes == 0 and math.prod(d or 1 for d in shape) * itemsize > _MAX_STRIDE:
             # an empty tensor whose other dimensions' product overflows the strides torch would compute
@@ -464,7 +466,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
             raise MessageError(f"tensor {name!r} ({dname} {shape}) needs {nbytes} bytes but {left} payload bytes "
                                f"are left (message truncated or shape wrong)")
         left -= nbytes
-        layout.append((name, dtype, np_dtype, shape, nbytes))
+        layout.append((name, dtype, np_dtype, squared, shape, nbytes))
     for name, nbytes in head.blobs:
         if nbytes > left:
             raise MessageError(f"blob {name!r} needs {nbytes} bytes but {left} payload bytes are left (message truncated)")
@@ -473,7 +475,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
         raise MessageError(f"{left} unexpected trailing bytes after the message")
     tensors: dict[str, torch.Tensor] = {}
     sums: dict[str, float] = {}
-    for name, dtype, np_dtype, shape, nbytes in layout:
+    for name, dtype, np_dtype, squared, shape, nbytes in layout:
         if nbytes == 0:
             t = torch.empty(shape, dtype=dtype)
         else:
@@ -488,7 +490,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
                 t = torch.frombuffer(buf, dtype=dtype).reshape(shape)
             else:  # the same tensor over the same bytes, in half the time of frombuffer + reshape
                 values = np.ndarray(shape, np_dtype, buf)
-                if np_dtype in _SQUARED_DTYPES:
+                if squared:
                     sums[name] = _square_sum(values)
                 t = torch.from_numpy(values)
         tensors[name] = t
