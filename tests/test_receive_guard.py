@@ -186,7 +186,7 @@ def test_the_codec_s_sums_of_squares_decide_finiteness_as_numpy_does(dtype: torc
             guard.check_encoded([message], sums)
 
 
-@pytest.mark.parametrize("where", ["one-process", "rewriting-transport", "sender-process"])
+@pytest.mark.parametrize("where", ["one-process", "rewriting-transport", "sender-process", "sender-with-a-layer"])
 def test_a_party_s_own_non_finite_output_names_its_own_divergence_wherever_it_is_checked(where: str) -> None:
     """On the CPU: party0's own embedding holds a NaN. Its process stops the run with its divergence (the step size),
     never as a violation: at the send in party0's own process (``local``), at the receive when every party is in
@@ -194,7 +194,7 @@ def test_a_party_s_own_non_finite_output_names_its_own_divergence_wherever_it_is
     sender's). A transport that may rewrite what it carries is not trusted so: there the sender checks, and what
     arrives non-finite is the sender's violation."""
     from secvfl.transport.guard import ReceiveGuard
-    from secvfl.transport.layers import Role
+    from secvfl.transport.layers import Layer, Role
     from secvfl.transport.network import Network
 
     class Rewriting(InProcessTransport):
@@ -202,8 +202,17 @@ def test_a_party_s_own_non_finite_output_names_its_own_divergence_wherever_it_is
             message = decode(data)
             super().put(sender, receiver, kind, encode(_nan(message)) if message.step == 2 else data)
 
+    class Observing(Layer):  # a protocol layer: the sender checks its output before the layer sees it
+        seen: list[Message] = []
+
+        def outbound(self, messages: list[Message], party: str) -> list[Message]:
+            self.seen.extend(messages)
+            return messages
+
     transport = Rewriting() if where == "rewriting-transport" else InProcessTransport()
+    layer = Observing()
     net = Network({"label": Role.LABEL, "party0": Role.FEATURE}, transport=transport,
+                  layers=[layer] if where == "sender-with-a-layer" else (),
                   local="party0" if where == "sender-process" else None)
     net.guard = ReceiveGuard(["embedding"], ["gradient"])
     good = torch.randn(8, 4)
@@ -219,6 +228,7 @@ def test_a_party_s_own_non_finite_output_names_its_own_divergence_wherever_it_is
         with pytest.raises(TrainingDiverged, match=diverged):
             net.send(own)
         assert net.transport.pending("label") == 0
+        assert [m.step for m in layer.seen] == ([0] if where == "sender-with-a-layer" else [])
     if where == "rewriting-transport":  # finite as party0 sent it, rewritten on the way: party0's violation
         net.send(Message("embedding", "party0", "label", 2, {"embedding": good}))
         with pytest.raises(PeerViolation, match="^party party0 broke the protocol: .*holds 2 non-finite values"):

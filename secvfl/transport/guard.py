@@ -143,15 +143,14 @@ class ReceiveGuard:
         for (_, _, kind), known in self._streams.items():
             known[2] = self.widths.get(kind)
 
-    def sums_to_send(self, messages: Sequence[Message], cpu: bool = True) -> SentSums | None:
+    def sums_to_send(self, messages: Sequence[Message]) -> SentSums | None:
         """Check what the party itself computed (the algorithm's messages it is about to send, before its layers): a
         party never sends non-finite values, its own model diverged (its step size or its data), which it says
         itself (:attr:`divergence_cause`), so that a non-finite value that arrives is always the sender's
-        violation. CPU tensors are checked here; CUDA tensors' sums come back for :meth:`check_sent`, read after
-        the send's one wait (None: nothing left to check). A sum is NaN or infinite if any value is; only an
-        overflowing sum of finite values needs the exact check. ``cpu=False``: the CPU tensors are left to
-        :meth:`check_encoded`."""
-        if not cpu and not torch.cuda.is_initialized():  # no CUDA in this process: no tensor is on a GPU
+        violation. This is the CUDA tensors' part: their sums, launched on the device and read by
+        :meth:`check_sent` after the send's one wait (None: no CUDA tensor); :meth:`check_encoded` checks the CPU
+        tensors."""
+        if not torch.cuda.is_initialized():  # no CUDA in this process: no tensor is on a GPU
             return None
         kinds = self._kinds
         on_device = None
@@ -159,25 +158,23 @@ class ReceiveGuard:
             if m.kind not in kinds:
                 continue
             for t in m.tensors.values():
-                if not t.is_floating_point():  # (an empty tensor sums to 0)
-                    continue
-                if t.is_cuda:
+                if t.is_cuda and t.is_floating_point():
                     on_device = on_device or []
                     on_device.append((m, t))
-                    continue
-                if cpu and not _finite(t.detach()):
-                    self._diverged(m)
         return None if on_device is None else SentSums(on_device)
 
-    def check_encoded(self, messages: Sequence[Message], sums: Sequence[Mapping[str, float]]) -> None:
-        """:meth:`sums_to_send` for the CPU tensors of messages just encoded, from the sums of squares the encoder
-        read off their bytes (:func:`secvfl.messages.encode_many`); 16-bit floats are summed here."""
+    def check_encoded(self, messages: Sequence[Message], sums: Sequence[Mapping[str, float]] | None = None) -> None:
+        """The CPU tensors' part of :meth:`sums_to_send`. ``sums``: per message, the sums of squares the encoder read
+        off their bytes (:func:`secvfl.messages.encode_many`); a tensor without one (16-bit floats, or no ``sums``)
+        is summed here. A sum is NaN or infinite if any value is; only an overflowing sum of finite values needs the
+        exact check."""
         kinds = self._kinds
-        for m, by_name in zip(messages, sums, strict=True):
+        for i, m in enumerate(messages):
             if m.kind not in kinds:
                 continue
+            by_name = _NO_SUMS if sums is None else sums[i]
             for name, t in m.tensors.items():
-                if not t.is_floating_point() or t.is_cuda:
+                if not t.is_floating_point() or t.is_cuda:  # (an empty tensor sums to 0)
                     continue
                 total = by_name.get(name)
                 if total is None:

@@ -154,12 +154,11 @@ class Network:
         # wait below) -- unless the receiver is a party of this process that gets these very bytes and checks them
         # anyway (receive, own=True), which then says so with the same cause.
         check = not self._delivered_as_encoded()
-        sums = None
-        if check and self.layers:  # a protocol layer must not see them (it may read or keep them)
-            self.guard.check_sent(self.guard.sums_to_send(messages))
+        sums = self.guard.sums_to_send(messages) if check else None  # the GPU tensors' sums, on the device
+        if check and self.layers:  # a protocol layer must not see them (it may read or keep them): checked now
+            self.guard.check_sent(sums)
+            self.guard.check_encoded(messages)
             check = False
-        elif check:  # the CPU tensors from what the encoder reads (check_encoded), the GPU ones on the device
-            sums = self.guard.sums_to_send(messages, cpu=False)
         if sender in self._views:
             self._views[sender].sent.extend(messages)
         out = list(messages)
@@ -172,7 +171,7 @@ class Network:
             squares: list[dict[str, float]] = []
             encoded = encode_many(out, squares)
             self.guard.check_sent(sums)  # before anything leaves
-            self.guard.check_encoded(out, squares)
+            self.guard.check_encoded(out, squares)  # the CPU tensors, from what the encoder read
         else:
             encoded = encode_many(out)
         for m, data in zip(out, encoded, strict=True):
